@@ -1,0 +1,150 @@
+"""``audit check``: re-decide every recorded request under a policy, with the proxy's engine.
+
+Prints each request whose decision (allow/forbid) changes; newly refused requests fail the check.
+How each request could be decided is counted by basis (see :mod:`gatekeeper.audit.replay`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gatekeeper.audit.reader import Record
+from gatekeeper.audit.replay import BASES, ObjectMemory, method_of
+from gatekeeper.errors import Refusal
+from gatekeeper.identity import Identity
+from gatekeeper.policy import Decision, Engine, Policy
+from gatekeeper.requestinfo import parse_request
+
+__all__ = ["Change", "CheckReport", "check_records", "format_report"]
+
+# Refusals made before the engine, for reasons the log does not carry (body size and media
+# type, rate limits, identity): the replay cannot re-decide them.
+_NOT_REPLAYABLE_CODES = frozenset({401, 413, 415, 429})
+# Outcomes that are about the stored object, not authorization: the same on both sides.
+_STATE_CODES = frozenset({404, 409})
+_UNDETERMINED = "refused before, allowed now only if the object is the caller's (not in the log)"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One request whose decision differs under the new policy."""
+
+    record: Record
+    before: str
+    after: str
+    code: int
+    reason: str
+    basis: str
+
+
+@dataclass(slots=True)
+class CheckReport:
+    decided: Counter[str] = field(default_factory=Counter)
+    """Requests re-decided, by basis."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Requests not re-decided, by why."""
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def newly_refused(self) -> list[Change]:
+        return [c for c in self.changes if c.before == "allow" and c.after == "forbid"]
+
+    @property
+    def newly_allowed(self) -> list[Change]:
+        return [c for c in self.changes if c.before == "forbid" and c.after == "allow"]
+
+
+def check_records(
+    records: Iterable[Record], policy: Policy, *, default_node: str | None = None
+) -> CheckReport:
+    """Re-decide ``records`` in log order under ``policy``."""
+    report = CheckReport()
+    engines: dict[str, Engine] = {}
+    memory = ObjectMemory(policy)
+    for record in records:
+        why = _skip_reason(record, default_node)
+        if why:
+            report.skipped[why] += 1
+            continue
+        assert record.driver is not None
+        node = record.node or default_node or ""
+        engine = engines.get(node) or engines.setdefault(node, Engine(policy, node))
+        decision, basis = _decide(engine, memory, record, record.driver, node)
+        after = "allow" if decision.allowed else "forbid"
+        if basis == "metadata" and after == "allow" and record.decision == "forbid":
+            # Allowed only under the assumption that the object is the caller's: unknown.
+            report.skipped[_UNDETERMINED] += 1
+            continue
+        report.decided[basis] += 1
+        if after != record.decision and not _same_state_outcome(record, decision):
+            reason = decision.reason if not decision.allowed else "allowed: " + decision.reason
+            report.changes.append(
+                Change(record, record.decision, after, decision.code, reason, basis)
+            )
+    return report
+
+
+def _skip_reason(record: Record, default_node: str | None) -> str:
+    if record.driver is None:
+        if record.username in ("system:anonymous", ""):
+            return "unauthenticated"
+        return "user not mapped to a driver (--driver-user USER=DRIVER)"
+    if not (record.node or default_node):
+        return "no node name (user.extra or --node-name)"
+    if record.decision == "forbid" and record.code in _NOT_REPLAYABLE_CODES:
+        return f"refused with {record.code} for reasons the log does not carry"
+    return ""
+
+
+def _decide(
+    engine: Engine, memory: ObjectMemory, record: Record, driver: str, node: str
+) -> tuple[Decision, str]:
+    identity = Identity(driver=driver, transport=record.transport or "unix")
+    try:
+        info = parse_request(method_of(record.verb), record.request_uri)
+    except Refusal as refusal:
+        return Decision(False, refusal.reason, refusal.code, refusal.message), "full"
+    lookup = engine.lookup(identity, info)
+    inputs = memory.inputs(record, info, lookup, driver, node)
+    decision = engine.decide(
+        identity,
+        info,
+        inputs.body,
+        inputs.current,
+        media_type=inputs.media_type,
+        proposed=inputs.proposed,
+    )
+    memory.remember(record, info)
+    return decision, inputs.basis
+
+
+def _same_state_outcome(record: Record, decision: Decision) -> bool:
+    """A recorded 404/409 and a replayed 404/409 are the same answer, not a policy change."""
+    return not decision.allowed and decision.code in _STATE_CODES and record.code == decision.code
+
+
+def format_report(report: CheckReport) -> str:
+    """One line per changed decision, then the counts."""
+    lines = [
+        f"{c.before.upper()} -> {c.after.upper()}  {c.record.received}  "
+        f"{c.record.driver}  {c.record.verb} {c.record.request_uri}  "
+        f"({c.code or 'allowed'}: {c.reason}) [{c.basis}] auditID={c.record.audit_id}"
+        for c in report.changes
+    ]
+    total = sum(report.decided.values())
+    bases = ", ".join(f"{report.decided[b]} {b}" for b in BASES)
+    lines.append(
+        f"{total} requests re-decided ({bases}); {len(report.changes)} changed: "
+        f"{len(report.newly_refused)} newly refused, {len(report.newly_allowed)} newly allowed"
+    )
+    if report.decided["metadata"]:
+        lines.append(
+            f"{report.decided['metadata']} decided on metadata only (body or stored object not in "
+            "the log; assumed to belong to the caller): record at --audit-level Request or "
+            "RequestResponse to check objects"
+        )
+    for why, count in sorted(report.skipped.items()):
+        lines.append(f"{count} skipped: {why}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,186 @@
+"""Build an ``audit.k8s.io/v1`` Event from a Flow (DESIGN §4.7)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from gatekeeper.flow import Flow
+from gatekeeper.identity import DRIVERS_GROUP
+from gatekeeper.requestinfo import RequestInfo
+
+__all__ = [
+    "CLIENT_AUDIT_ID_ANNOTATION",
+    "CONTENT_TYPE_ANNOTATION",
+    "DECISION_ANNOTATION",
+    "ERROR_ANNOTATION",
+    "NODE_NAME_EXTRA",
+    "REASON_ANNOTATION",
+    "STAGE_COMPLETE",
+    "STAGE_STARTED",
+    "UPSTREAM_AUDIT_ID_ANNOTATION",
+    "AuditLevel",
+    "build_event",
+    "client_audit_id",
+    "logs_bodies",
+]
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+"""The user.extra key the kube-apiserver uses for a node's name; the gatekeeper uses it too."""
+DECISION_ANNOTATION = "authorization.k8s.io/decision"
+REASON_ANNOTATION = "authorization.k8s.io/reason"
+CLIENT_AUDIT_ID_ANNOTATION = "dra-gatekeeper.io/client-audit-id"
+UPSTREAM_AUDIT_ID_ANNOTATION = "dra-gatekeeper.io/upstream-audit-id"
+CONTENT_TYPE_ANNOTATION = "dra-gatekeeper.io/content-type"
+"""The request body's media type (patch type), which ``audit check`` needs to replay a patch."""
+ERROR_ANNOTATION = "dra-gatekeeper.io/error"
+"""Set when the request failed before any decision (e.g. upstream unreachable while fetching)."""
+STAGE_STARTED = "ResponseStarted"
+STAGE_COMPLETE = "ResponseComplete"
+
+_CLIENT_AUDIT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# SECURITY: DESIGN §4.7 — no tokens or certificate material in the log. As in the apiserver's
+# recommended audit policy, these kinds are logged at Metadata level whatever --audit-level says.
+_METADATA_ONLY = frozenset(
+    {
+        ("", "secrets"),
+        ("", "configmaps"),
+        ("authentication.k8s.io", "tokenreviews"),
+        ("certificates.k8s.io", "certificatesigningrequests"),
+    }
+)
+_SECRET_SUBRESOURCES = frozenset({"token"})
+
+
+class AuditLevel(enum.Enum):
+    """How much of a request is logged (the apiserver's levels, ``None`` aside)."""
+
+    METADATA = "Metadata"
+    REQUEST = "Request"
+    REQUEST_RESPONSE = "RequestResponse"
+
+
+def client_audit_id(headers: Mapping[str, str]) -> str:
+    """The driver's ``Audit-ID`` header if it is a short plain token, else "".
+
+    It is only a hint recorded beside our own ID: a driver could repeat or forge it, so it is
+    never used as the event's ``auditID``.
+    """
+    value = headers.get("Audit-ID", "")
+    return value if _CLIENT_AUDIT_ID.match(value) else ""
+
+
+def logs_bodies(info: RequestInfo | None) -> bool:
+    """Whether request/response bodies of this request may be logged at all."""
+    if info is None or not info.is_resource_request:
+        return False
+    if (info.api_group, info.resource) in _METADATA_ONLY:
+        return False
+    return info.subresource not in _SECRET_SUBRESOURCES
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def build_event(
+    flow: Flow,
+    level: AuditLevel,
+    stage: str = STAGE_COMPLETE,
+    *,
+    client_audit_id: str = "",
+) -> dict[str, Any]:
+    """One Event for ``stage``; bodies only at Request+ levels and only for resource requests.
+
+    ``client_audit_id`` is the driver's sanitized ``Audit-ID`` hint (see :func:`client_audit_id`).
+    """
+    info = flow.info
+    event: dict[str, Any] = {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": level.value,
+        "auditID": flow.audit_id,
+        "stage": stage,
+        "requestURI": flow.raw_target,
+        "verb": info.verb if info else flow.method.lower(),
+        "user": _user(flow),
+        "sourceIPs": list(flow.source_ips),
+        "userAgent": flow.user_agent,
+    }
+    if info is not None and info.is_resource_request:
+        event["objectRef"] = _object_ref(info)
+    event["responseStatus"] = _response_status(flow, stage)
+    bodies = logs_bodies(info)
+    if level is not AuditLevel.METADATA and bodies and flow.body is not None:
+        event["requestObject"] = flow.body
+    if (
+        level is AuditLevel.REQUEST_RESPONSE
+        and bodies
+        and stage == STAGE_COMPLETE
+        and flow.response_object is not None
+    ):
+        event["responseObject"] = flow.response_object
+    event["requestReceivedTimestamp"] = _timestamp(flow.received)
+    stage_time = flow.completed if stage == STAGE_COMPLETE else flow.response_started
+    event["stageTimestamp"] = _timestamp(stage_time or flow.received)
+    event["annotations"] = _annotations(flow, client_audit_id)
+    return event
+
+
+def _object_ref(info: RequestInfo) -> dict[str, str]:
+    pairs = (
+        ("resource", info.resource),
+        ("namespace", info.namespace),
+        ("name", info.name),
+        ("apiGroup", info.api_group),
+        ("apiVersion", info.api_version),
+        ("subresource", info.subresource),
+    )
+    return {key: value for key, value in pairs if value}
+
+
+def _response_status(flow: Flow, stage: str) -> dict[str, Any]:
+    code = flow.status_code if stage == STAGE_COMPLETE or flow.status_code else 200
+    status: dict[str, Any] = {"metadata": {}, "code": code}
+    if code >= 400:
+        status["status"] = "Failure"
+        if flow.status_message:
+            status["message"] = flow.status_message
+    return status
+
+
+def _user(flow: Flow) -> dict[str, Any]:
+    extra: dict[str, list[str]] = {NODE_NAME_EXTRA: [flow.node_name]}
+    if flow.identity is None:
+        return {
+            "username": "system:anonymous",
+            "groups": ["system:unauthenticated"],
+            "extra": extra,
+        }
+    extra["dra-gatekeeper.io/transport"] = [flow.identity.transport]
+    # Peer facts are pid/uid/gid or the certificate's serial and expiry: never key material.
+    for key, value in flow.identity.peer.items():
+        extra[f"dra-gatekeeper.io/peer-{key}"] = [value]
+    return {"username": flow.identity.driver, "groups": [DRIVERS_GROUP], "extra": extra}
+
+
+def _annotations(flow: Flow, client_id: str) -> dict[str, str]:
+    annotations: dict[str, str] = {}
+    if flow.refusal is not None:
+        annotations[DECISION_ANNOTATION] = "forbid"
+        annotations[REASON_ANNOTATION] = flow.refusal.reason
+    elif flow.decision is not None:
+        annotations[DECISION_ANNOTATION] = "allow" if flow.decision.allowed else "forbid"
+        annotations[REASON_ANNOTATION] = flow.decision.reason
+    elif flow.status_code >= 500:
+        annotations[ERROR_ANNOTATION] = flow.status_message or "failed before a decision"
+    if flow.upstream_audit_id:
+        annotations[UPSTREAM_AUDIT_ID_ANNOTATION] = flow.upstream_audit_id
+    if client_id:
+        annotations[CLIENT_AUDIT_ID_ANNOTATION] = client_id
+    if flow.info is not None and flow.info.verb == "patch" and flow.body is not None:
+        annotations[CONTENT_TYPE_ANNOTATION] = flow.media_type
+    return annotations

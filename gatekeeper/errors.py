@@ -1,0 +1,51 @@
+"""The gatekeeper's few errors.
+
+    Exception
+     ├── Refusal        a request the gatekeeper answers itself (4xx); rendered by status.py
+     ├── UpstreamError  the apiserver could not be reached or answered badly (502/503/504)
+     └── ConfigError    bad flags, policy or kubeconfig; the command exits 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["ConfigError", "Refusal", "UpstreamError"]
+
+
+class Refusal(Exception):
+    """A request refused by the gatekeeper itself, answered with a Kubernetes Status.
+
+    ``code`` is the HTTP status; ``reason`` is the short rule that failed (it reaches the
+    audit annotation ``authorization.k8s.io/reason``); ``message`` is the full Status message
+    (apiserver phrasing) and defaults to ``reason``.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str | None = None,
+        *,
+        retry_after: int | None = None,
+        details: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message or reason)
+        self.code = code
+        self.reason = reason
+        self.message = message or reason
+        self.retry_after = retry_after
+        self.details: dict[str, str] = dict(details or {})
+
+
+class UpstreamError(Exception):
+    """The upstream failed: 502 bad answer (e.g. a redirect), 503 unreachable, 504 timeout."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the command prints it on one line and exits 2."""

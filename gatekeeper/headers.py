@@ -1,0 +1,69 @@
+"""Request header screening and the headers forwarded upstream (DESIGN §4.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gatekeeper.errors import Refusal
+
+__all__ = ["ALLOWED_METHODS", "forwarded_request_headers", "response_headers", "screen_request"]
+
+ALLOWED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+
+_REFUSED_PREFIXES = ("impersonate-", "x-remote-")
+_REFUSED_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
+_FORWARDED = ("Accept", "Content-Type", "User-Agent")
+_RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "cache-control",
+        "warning",
+        "retry-after",
+        "x-content-type-options",
+        "x-kubernetes-pf-flowschema-uid",
+        "x-kubernetes-pf-prioritylevel-uid",
+    }
+)
+
+
+def screen_request(method: str, headers: Mapping[str, str]) -> None:
+    """Refuse (403) methods and headers that change who or what the request is."""
+    if method not in ALLOWED_METHODS:
+        raise Refusal(403, f"method {method} is not allowed")
+    for name in headers:
+        lower = name.lower()
+        # SECURITY: DESIGN §4.5 — identity and method must come from the gatekeeper alone.
+        if lower.startswith(_REFUSED_PREFIXES) or lower in _REFUSED_HEADERS:
+            raise Refusal(403, f"header {name} is not allowed")
+    if (
+        "upgrade" in (key.lower() for key in headers)
+        or "upgrade" in headers.get("Connection", "").lower()
+    ):
+        raise Refusal(
+            403, "connection upgrades (exec, attach, port-forward, websockets) are not allowed"
+        )
+
+
+def forwarded_request_headers(
+    headers: Mapping[str, str], *, audit_id: str, token: str | None, content_type: str | None
+) -> dict[str, str]:
+    """An allow-list copy: nothing the driver sent about credentials or hops reaches upstream."""
+    # Headers the driver named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
+    hop = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
+    out = {
+        name: headers[name] for name in _FORWARDED if name in headers and name.lower() not in hop
+    }
+    out.pop("Content-Type", None)
+    if content_type is not None:
+        out["Content-Type"] = content_type
+    out["Audit-ID"] = audit_id
+    if token:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def response_headers(upstream: Mapping[str, str], *, audit_id: str) -> dict[str, str]:
+    """The upstream response headers passed back (hop-by-hop and framing headers dropped)."""
+    out = {name: value for name, value in upstream.items() if name.lower() in _RESPONSE_HEADERS}
+    out["Audit-Id"] = audit_id
+    return out

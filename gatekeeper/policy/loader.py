@@ -1,0 +1,239 @@
+"""Load and validate a policy file; every problem names the file, the key and the rule."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gatekeeper.errors import ConfigError
+from gatekeeper.jsonpath import FieldPath, parse_field_path
+from gatekeeper.policy.model import (
+    ALL_VERBS,
+    ANY_DRIVER,
+    Field,
+    KindRule,
+    KindSpec,
+    ListSelectorMode,
+    Policy,
+    Scope,
+    VersionSpec,
+)
+
+__all__ = ["DEFAULT_POLICY", "load_policy", "parse_policy"]
+
+DEFAULT_POLICY = "<packaged default.yaml>"
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
+
+_TOP_KEYS = {"apiVersion", "kind", "drivers", "kinds"}
+_KIND_KEYS = {
+    "group",
+    "resource",
+    "kind",
+    "scope",
+    "rule",
+    "versions",
+    "verbs",
+    "subresources",
+    "listSelector",
+    "fill",
+}
+_VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors"}
+_API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (YAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_policy(path: str | None) -> Policy:
+    """Load ``path`` (or the packaged default policy when None) and validate it."""
+    if path is None:
+        text = resources.files("gatekeeper").joinpath("policies/default.yaml").read_text()
+        return parse_policy(text, DEFAULT_POLICY)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read policy: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: policy is not UTF-8 text") from exc
+    return parse_policy(text, path)
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Validate policy YAML ``text``; ConfigError naming ``source`` and the key on any fault."""
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from exc
+    ctx = _Context(source)
+    top = ctx.mapping(doc, "", _TOP_KEYS)
+    if top.get("apiVersion", _API_VERSION) != _API_VERSION:
+        ctx.fail("apiVersion", f"must be {_API_VERSION}")
+    if top.get("kind", "Policy") != "Policy":
+        ctx.fail("kind", "must be Policy")
+    drivers = frozenset(_parse_drivers(ctx, top.get("drivers", [])))
+    kinds: dict[tuple[str, str], KindSpec] = {}
+    raw_kinds = top.get("kinds")
+    if not isinstance(raw_kinds, list) or not raw_kinds:
+        ctx.fail("kinds", "must be a non-empty list (an empty policy would allow nothing)")
+    for index, raw in enumerate(raw_kinds):
+        spec = _parse_kind(ctx, f"kinds[{index}]", raw)
+        key = (spec.group, spec.resource)
+        if key in kinds:
+            ctx.fail(f"kinds[{index}]", f"{spec.qualified} is listed twice")
+        kinds[key] = spec
+    groups = frozenset(spec.group for spec in kinds.values())
+    return Policy(kinds=kinds, drivers=drivers, source=source, groups=groups)
+
+
+class _Context:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, why: str) -> Any:
+        where = f"{self.source}: {key}" if key else self.source
+        raise ConfigError(f"{where}: {why}")
+
+    def mapping(self, value: Any, key: str, allowed: set[str]) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(key, "must be a mapping")
+        for name in value:
+            if name not in allowed:
+                self.fail(
+                    _join(key, str(name)), f"unknown key (allowed: {', '.join(sorted(allowed))})"
+                )
+        return value
+
+    def string(self, value: Any, key: str, pattern: re.Pattern[str] | None = None) -> str:
+        if not isinstance(value, str):
+            self.fail(key, "must be a string")
+        if pattern is not None and not pattern.match(value):
+            self.fail(key, f"{value!r} is not a valid value")
+        return value
+
+    def path(self, value: Any, key: str) -> FieldPath:
+        try:
+            return parse_field_path(value)
+        except ValueError as exc:
+            return self.fail(key, str(exc))
+
+    def string_list(self, value: Any, key: str) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(key, "must be a list of strings")
+        return value
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _parse_drivers(ctx: _Context, raw: Any) -> list[str]:
+    names = ctx.string_list(raw, "drivers")
+    for index, name in enumerate(names):
+        if name != ANY_DRIVER and not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+            ctx.fail(f"drivers[{index}]", f"{name!r} is not a DNS subdomain driver name")
+    return names
+
+
+def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
+    kind = ctx.mapping(raw, key, _KIND_KEYS)
+    for required in ("group", "resource", "kind", "scope", "rule", "versions"):
+        if required not in kind:
+            ctx.fail(_join(key, required), "is required")
+    group = ctx.string(kind["group"], _join(key, "group"))
+    if group and not _DNS_SUBDOMAIN.match(group):
+        ctx.fail(_join(key, "group"), f"{group!r} is not a DNS subdomain")
+    resource = ctx.string(kind["resource"], _join(key, "resource"), _RESOURCE)
+    verbs = frozenset(ctx.string_list(kind.get("verbs", sorted(ALL_VERBS)), _join(key, "verbs")))
+    if unknown := verbs - ALL_VERBS:
+        ctx.fail(_join(key, "verbs"), f"unknown verbs {sorted(unknown)}")
+    versions_raw = kind["versions"]
+    if not isinstance(versions_raw, dict) or not versions_raw:
+        ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
+    versions = {
+        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): _parse_version(
+            ctx, _join(key, f"versions.{name}"), spec
+        )
+        for name, spec in versions_raw.items()
+    }
+    fill = frozenset(
+        _enum(ctx, Field, v, _join(key, "fill"))
+        for v in ctx.string_list(kind.get("fill", []), _join(key, "fill"))
+    )
+    return KindSpec(
+        group=group,
+        resource=resource,
+        kind=ctx.string(kind["kind"], _join(key, "kind"), _KIND),
+        scope=_enum(ctx, Scope, kind["scope"], _join(key, "scope")),
+        rule=_enum(ctx, KindRule, kind["rule"], _join(key, "rule")),
+        versions=versions,
+        verbs=verbs,
+        subresources=frozenset(
+            ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
+        ),
+        list_selector=_enum(
+            ctx, ListSelectorMode, kind.get("listSelector", "Require"), _join(key, "listSelector")
+        ),
+        fill=fill,
+    )
+
+
+def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+    spec = ctx.mapping(raw, key, _VERSION_KEYS)
+    paths: dict[Field, FieldPath] = {}
+    for fld in Field:
+        if fld.value in spec:
+            paths[fld] = ctx.path(spec[fld.value], _join(key, fld.value))
+        elif fld is not Field.POOL:
+            ctx.fail(_join(key, fld.value), "is required (the JSON path of the field)")
+    selectors_raw = ctx.mapping(
+        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node"}
+    )
+    selectors = {
+        fld: ctx.string(
+            selectors_raw.get(fld.value, ".".join(paths[fld])),
+            _join(key, f"fieldSelectors.{fld.value}"),
+        )
+        for fld in (Field.DRIVER, Field.NODE)
+    }
+    forbidden = tuple(
+        ctx.path(p, f"{_join(key, 'forbidden')}[{i}]")
+        for i, p in enumerate(ctx.string_list(spec.get("forbidden", []), _join(key, "forbidden")))
+    )
+    return VersionSpec(paths=paths, selectors=selectors, forbidden=forbidden)
+
+
+def _enum(ctx: _Context, enum_type: Any, value: Any, key: str) -> Any:
+    allowed = [member.value for member in enum_type]
+    if value not in allowed:
+        ctx.fail(key, f"{value!r} is not one of {', '.join(allowed)}")
+    return enum_type(value)

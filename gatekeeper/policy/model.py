@@ -1,0 +1,107 @@
+"""The policy, as immutable values. The engine sees only these, never raw YAML."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gatekeeper.jsonpath import FieldPath
+
+__all__ = [
+    "ALL_VERBS",
+    "ANY_DRIVER",
+    "Field",
+    "KindRule",
+    "KindSpec",
+    "ListSelectorMode",
+    "Policy",
+    "Scope",
+    "VersionSpec",
+]
+
+ANY_DRIVER = "*"
+ALL_VERBS = frozenset(
+    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+)
+
+
+class Scope(enum.Enum):
+    CLUSTER = "Cluster"
+    NAMESPACED = "Namespaced"
+
+
+class KindRule(enum.Enum):
+    """How objects of a kind are owned.
+
+    NODE_LOCAL: every object names its driver, its node and (optionally) a pool prefixed by
+    the node name; a driver reads and writes only its own objects on this node.
+    """
+
+    NODE_LOCAL = "NodeLocal"
+
+
+class ListSelectorMode(enum.Enum):
+    """What list/watch/deletecollection must carry (DESIGN §4.3)."""
+
+    REQUIRE = "Require"  # refuse unless the field selector pins driver and node
+    INJECT = "Inject"  # add the missing pinning terms before forwarding
+
+
+class Field(enum.Enum):
+    """The ownership fields a version locates by path."""
+
+    DRIVER = "driver"
+    NODE = "node"
+    POOL = "pool"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSpec:
+    """Where one API version keeps the ownership fields, and what it may not carry."""
+
+    paths: Mapping[Field, FieldPath]
+    """JSON paths of driver, node and (optional) pool in objects of this version."""
+    selectors: Mapping[Field, str]
+    """Field-selector keys that pin driver and node on list/watch/deletecollection."""
+    forbidden: tuple[FieldPath, ...] = ()
+    """Paths that must be absent (or null/false) on a written object."""
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    group: str
+    resource: str
+    kind: str
+    scope: Scope
+    rule: KindRule
+    versions: Mapping[str, VersionSpec]
+    verbs: frozenset[str] = ALL_VERBS
+    subresources: frozenset[str] = frozenset()
+    list_selector: ListSelectorMode = ListSelectorMode.REQUIRE
+    fill: frozenset[Field] = frozenset()
+
+    @property
+    def qualified(self) -> str:
+        """``resourceslices.resource.k8s.io`` (``secrets`` for the core group)."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A loaded, validated policy. ``source`` names the file for messages."""
+
+    kinds: Mapping[tuple[str, str], KindSpec]
+    """Keyed by (group, resource)."""
+    drivers: frozenset[str] = frozenset()
+    source: str = "<policy>"
+    groups: frozenset[str] = field(default=frozenset())
+
+    def kind_for(self, group: str, resource: str) -> KindSpec | None:
+        return self.kinds.get((group, resource))
+
+    def allows_driver(self, driver: str) -> bool:
+        return driver in self.drivers or ANY_DRIVER in self.drivers
+
+    def with_drivers(self, extra: frozenset[str]) -> Policy:
+        return Policy(self.kinds, self.drivers | extra, self.source, self.groups)

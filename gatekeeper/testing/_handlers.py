@@ -1,0 +1,274 @@
+"""Resource handlers of the embedded API server: get, list/watch, create, update, patch, delete."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from gatekeeper.status import status_body
+from gatekeeper.testing._errors import (
+    APIError,
+    already_exists,
+    bad_request,
+    not_found,
+    unsupported_media_type,
+)
+from gatekeeper.testing._list import list_objects, parse_list_options
+from gatekeeper.testing._negotiate import negotiate_object
+from gatekeeper.testing._objects import (
+    check_delete_preconditions,
+    check_type_meta,
+    decode_object,
+    mark_deleting,
+    prepare_create,
+    prepare_update,
+)
+from gatekeeper.testing._patch import APPLY, apply_patch, parse_patch
+from gatekeeper.testing._render import render_list, render_object, versioned
+from gatekeeper.testing._routing import Target
+from gatekeeper.testing._watch import serve_watch
+from gatekeeper.testing.store import Store, object_key
+from gatekeeper.types import KubeObject
+
+__all__ = ["Call", "handle_resource", "json_response", "method_not_allowed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request to a resource path, with what the handlers need from the server."""
+
+    request: web.Request
+    store: Store
+    target: Target
+    body: bytes
+    rv_wait: float
+    bookmark_interval: float
+
+    @property
+    def query(self) -> Mapping[str, str]:
+        """Query parameters (the first value of each)."""
+        return self.request.query
+
+    @property
+    def dry_run(self) -> bool:
+        """``dryRun=All``; 400 for any other value."""
+        values = self.request.query.getall("dryRun", [])
+        for value in values:
+            if value != "All":
+                raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+        return bool(values)
+
+    def key(self, name: str | None = None) -> tuple[str, str]:
+        """The store key of the addressed object."""
+        return (self.target.namespace or "", name if name is not None else self.target.name)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """Compact JSON, ``Content-Type: application/json`` (the apiserver's framing)."""
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def method_not_allowed() -> APIError:
+    """405 as the apiserver words it."""
+    body = status_body(405, "the server does not allow this method on the requested resource")
+    return APIError({k: v for k, v in body.items() if k != "code"} | {"details": {}, "code": 405})
+
+
+def _reply(call: Call, obj: KubeObject, status: int = 200) -> web.Response:
+    neg = negotiate_object(call.request.headers.get("Accept", ""), collection=False)
+    return json_response(render_object(call.target.kind, call.target.version, obj, neg), status)
+
+
+def _decode_body(call: Call) -> KubeObject:
+    content_type = call.request.headers.get("Content-Type", "application/json")
+    media = content_type.split(";", 1)[0].strip().lower()
+    kind = call.target.kind
+    if media in ("application/json", ""):
+        obj = decode_object(call.body, kind)
+    elif media == "application/yaml":
+        try:
+            obj = yaml.safe_load(call.body.decode("utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise bad_request(f"error decoding YAML: {exc}") from None
+        if not isinstance(obj, dict):
+            raise bad_request("error decoding YAML: the object must be a mapping")
+    else:
+        raise unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: "
+            "application/json, application/yaml"
+        )
+    check_type_meta(obj, kind, call.target.version)
+    return obj
+
+
+async def _get(call: Call) -> web.Response:
+    stored = call.store.get(call.target.resource_key, call.key())
+    if stored is None:
+        raise not_found(call.target.kind, call.target.name)
+    return _reply(call, stored)
+
+
+async def _list_or_watch(call: Call) -> web.StreamResponse:
+    target = call.target
+    opts = parse_list_options(call.query, target.kind, target.version)
+    accept = call.request.headers.get("Accept", "")
+    neg = negotiate_object(accept, collection=not opts.watch)
+    if opts.watch:
+        return await serve_watch(call.request, call.store, target, opts, neg,
+                                 bookmark_interval=call.bookmark_interval)
+    items, meta = await list_objects(call.store, target, opts, rv_wait=call.rv_wait)
+    return json_response(render_list(target.kind, target.version, items, meta, neg))
+
+
+def _create_object(call: Call, obj: KubeObject, *, reset_status: bool) -> KubeObject:
+    target, store = call.target, call.store
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    generated = not meta.get("name") and bool(meta.get("generateName"))
+    for _ in range(8 if generated else 1):  # generateName collisions are retried, boundedly
+        prepared = prepare_create(target.kind, target.version, target.namespace or "", obj,
+                                  reset_status=reset_status)
+        if store.get(target.resource_key, object_key(prepared)) is None:
+            break
+    else:
+        raise already_exists(target.kind, prepared["metadata"]["name"])
+    if call.dry_run:
+        return prepared
+    return store.create(target.resource_key, prepared)
+
+
+async def _create(call: Call) -> web.Response:
+    obj = _decode_body(call)
+    return _reply(call, _create_object(call, obj, reset_status=True), 201)
+
+
+def _commit(call: Call, stored: KubeObject, new: KubeObject) -> KubeObject:
+    """Store an update unless it is a no-op or a dry run; removing the last finalizer of an
+    object being deleted deletes it."""
+    if new == stored or call.dry_run:
+        return new
+    meta = new["metadata"]
+    if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        return call.store.delete(call.target.resource_key, call.key(), final=new)
+    return call.store.replace(call.target.resource_key, new)
+
+
+async def _update(call: Call) -> web.Response:
+    body = _decode_body(call)
+    target = call.target
+    stored = call.store.get(target.resource_key, call.key())
+    if stored is None:
+        raise not_found(target.kind, target.name)
+    new = prepare_update(target.kind, target.version, target.namespace or "", target.name,
+                         stored, body, subresource=target.subresource)
+    return _reply(call, _commit(call, stored, new))
+
+
+def _field_manager_required() -> APIError:
+    cause = {"reason": "FieldValueRequired", "message": "Required value: is required for apply "
+             "patch", "field": "fieldManager"}
+    return APIError(status_body(
+        422,
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for '
+        "apply patch",
+        details={"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [cause]},
+    ))
+
+
+async def _patch(call: Call) -> web.Response:
+    target = call.target
+    patch_type, patch = parse_patch(call.request.headers.get("Content-Type", ""), call.body)
+    if patch_type == APPLY:
+        if not call.query.get("fieldManager"):
+            raise _field_manager_required()
+        check_type_meta(patch, target.kind, target.version)
+    stored = call.store.get(target.resource_key, call.key())
+    if stored is None:
+        if patch_type != APPLY or target.subresource:
+            raise not_found(target.kind, target.name)
+        meta = patch.get("metadata") if isinstance(patch.get("metadata"), dict) else {}
+        if meta.get("name", "") != target.name:
+            raise bad_request(f"the name of the object ({meta.get('name', '')}) does not match "
+                              f"the name on the URL ({target.name})")
+        # Apply creates a missing object and ignores a resourceVersion in the configuration,
+        # as a real 1.36 apiserver does (DESIGN.md §4.4).
+        creating = {**patch, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+        return _reply(call, _create_object(call, creating, reset_status=False), 201)
+    current = versioned(target.kind, target.version, stored)
+    result = apply_patch(patch_type, patch, current)
+    new = prepare_update(target.kind, target.version, target.namespace or "", target.name,
+                         stored, result, subresource=target.subresource)
+    return _reply(call, _commit(call, stored, new))
+
+
+def _delete_options(call: Call) -> KubeObject:
+    if not call.body.strip():
+        return {}
+    try:
+        options = json.loads(call.body)
+    except ValueError as exc:
+        raise bad_request(f"error decoding DeleteOptions: {exc}") from None
+    if not isinstance(options, dict):
+        raise bad_request("error decoding DeleteOptions: not an object")
+    return options
+
+
+def _delete_one(call: Call, stored: KubeObject) -> tuple[KubeObject, int]:
+    """Delete (or, with finalizers, mark for deletion) one object: ``(object, status)``."""
+    if call.dry_run:
+        return stored, 200
+    if stored["metadata"].get("finalizers"):
+        marked = mark_deleting(stored)
+        if marked != stored:
+            marked = call.store.replace(call.target.resource_key, marked)
+        return marked, 202
+    return call.store.delete(call.target.resource_key, object_key(stored)), 200
+
+
+async def _delete(call: Call) -> web.Response:
+    options = _delete_options(call)
+    target = call.target
+    stored = call.store.get(target.resource_key, call.key())
+    if stored is None:
+        raise not_found(target.kind, target.name)
+    check_delete_preconditions(target.kind, stored, options)
+    obj, status = _delete_one(call, stored)
+    return _reply(call, obj, status)
+
+
+async def _delete_collection(call: Call) -> web.Response:
+    target = call.target
+    opts = parse_list_options(call.query, target.kind, target.version)
+    _delete_options(call)
+    items, meta = await list_objects(call.store, target, opts, rv_wait=call.rv_wait)
+    for item in items:
+        _delete_one(call, item)
+    neg = negotiate_object(call.request.headers.get("Accept", ""), collection=True)
+    return json_response(render_list(target.kind, target.version, items, meta, neg))
+
+
+async def handle_resource(call: Call) -> web.StreamResponse:
+    """Dispatch on method and on whether the path names an object or a collection."""
+    method, named = call.request.method, bool(call.target.name)
+    if call.target.subresource and method not in ("GET", "PUT", "PATCH"):
+        raise method_not_allowed()
+    if method == "GET":
+        return await (_get(call) if named else _list_or_watch(call))
+    if method == "POST" and not named:
+        return await _create(call)
+    if method == "PUT" and named:
+        return await _update(call)
+    if method == "PATCH" and named:
+        return await _patch(call)
+    if method == "DELETE":
+        return await (_delete(call) if named else _delete_collection(call))
+    raise method_not_allowed()

@@ -1,0 +1,49 @@
+"""The kinds a policy names, as the embedded API server serves them (for ``test`` and ``demo``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gatekeeper.testing._kinds import ServedKind, sort_versions
+
+if TYPE_CHECKING:
+    from gatekeeper.policy.model import Policy
+
+__all__ = ["served_kinds"]
+
+
+def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
+    """One :class:`ServedKind` per policy kind, in every version the policy lists.
+
+    Each version's ownership fields (driver, node, pool) become field-selector keys (under
+    the selector names the policy gives) and immutable fields, as they are for ResourceSlices
+    on a real apiserver; ``metadata.*`` paths are left to the built-in handling.
+    """
+    from gatekeeper.policy.model import Scope
+
+    served = []
+    for spec in policy.kinds.values():
+        selectable: dict[str, dict[str, str]] = {}
+        immutable: dict[str, tuple[str, ...]] = {}
+        for version, vspec in spec.versions.items():
+            paths = {fld: ".".join(path) for fld, path in vspec.paths.items()}
+            selectable[version] = {
+                key: paths[fld]
+                for fld, key in vspec.selectors.items()
+                if fld in paths and not key.startswith("metadata.")
+                and not paths[fld].startswith("metadata.")
+            }
+            immutable[version] = tuple(
+                sorted(p for p in paths.values() if not p.startswith("metadata."))
+            )
+        served.append(ServedKind(
+            group=spec.group,
+            resource=spec.resource,
+            kind=spec.kind,
+            namespaced=spec.scope is Scope.NAMESPACED,
+            versions=tuple(sort_versions(list(spec.versions))),
+            selectable_fields=selectable,
+            immutable_fields=immutable,
+            subresources=tuple(sorted(spec.subresources)),
+        ))
+    return tuple(served)

@@ -1,0 +1,208 @@
+"""``dra-gatekeeper audit summarize|check|generate`` on a log recorded from a real run and on a
+kube-apiserver-format log."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.audit.cli import run_audit_command
+from gatekeeper.policy import load_policy
+from gatekeeper.testing import APIServer
+from tests.audit.conftest import Audited
+from tests.audit.logs import SA_GPU, SA_NIC, record_run, write_apiserver_log
+from tests.conftest import GPU, NIC
+
+DEFAULT = str(Path(__file__).parents[2] / "gatekeeper" / "policies" / "default.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = run_audit_command(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def policy_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+async def recorded(audited: Audited, apiserver: APIServer) -> Path:
+    return await record_run(audited, apiserver)
+
+
+async def test_summarize_a_recorded_run(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "summarize", "--output", "json", str(recorded))
+    assert code == 0
+    doc = json.loads(out)
+    rows = {(r["driver"], r["verb"], r["resource"]): r for r in doc["rows"]}
+    slices = "resourceslices.resource.k8s.io"
+    assert rows[(GPU, "create", slices)]["allowed"] == 1
+    assert rows[(GPU, "create", slices)]["refused"] == 1
+    assert rows[(GPU, "get", slices)] | {"reasons": {}} == {
+        "driver": GPU, "verb": "get", "resource": slices, "allowed": 1, "refused": 1, "reasons": {}
+    }  # fmt: skip
+    assert rows[(GPU, "watch", slices)]["allowed"] == 1  # one request, though two events
+    assert rows[(NIC, "get", "/apis/resource.k8s.io/v1")]["allowed"] == 1
+    assert doc["requests"] == 11 and doc["events"] == 12
+    assert any("not prefixed by node name" in r["reason"] for r in doc["topReasons"])
+    assert doc["from"] <= doc["to"]
+
+    code, table, _ = run(capsys, "summarize", str(recorded))
+    assert code == 0
+    assert table.splitlines()[0].split()[:5] == ["DRIVER", "VERB", "RESOURCE", "ALLOWED", "REFUSED"]
+    assert "11 requests (8 allowed, 3 refused)" in table
+    assert "Top refusal reasons:" in table
+
+
+def test_summarize_gzip_stdin_and_apiserver_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = write_apiserver_log(tmp_path / "kube-audit.log")
+    zipped = tmp_path / "kube-audit.log.1.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(plain.read_bytes())))
+    code, out, _ = run(
+        capsys, "summarize", "--output", "json", "--driver-user", f"{SA_GPU}={GPU}",
+        str(zipped), "-",
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["requests"] == 2 * 6  # the GPU driver's six finished requests, in both files
+    assert doc["skippedUsers"] == 2 * 2  # the NIC driver and the node: not mapped
+    assert {row["driver"] for row in doc["rows"]} == {GPU}
+
+
+async def test_check_same_policy_changes_nothing(
+    recorded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys, "check", "--policy", DEFAULT, "--driver", GPU, "--driver", NIC, str(recorded)
+    )
+    assert code == 0, out
+    assert "0 changed" in out
+    # The refused read of another driver's slice: its stored object is not in a Request log.
+    assert "10 requests re-decided (" in out
+    assert "1 skipped: refused before, allowed now only if the object is the caller's" in out
+
+
+async def test_check_finds_newly_refused_requests(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The same kind, but only v1beta2 and no deletes: every v1 request and the delete change.
+    text = Path(DEFAULT).read_text().replace("      v1: *slice-spec\n", "")
+    text = text.replace("    listSelector: Require\n", "    listSelector: Require\n"
+                        "    verbs: [get, list, watch, create, update, patch]\n")  # fmt: skip
+    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text),
+                       "--driver", GPU, "--driver", NIC, str(recorded))  # fmt: skip
+    assert code == 1
+    changed = [line for line in out.splitlines() if line.startswith("ALLOW -> FORBID")]
+    assert len(changed) == 7  # list, watch, create, update, patch, get, delete of v1
+    assert all("version v1 of resourceslices.resource.k8s.io is not in the policy" in line
+               for line in changed)  # fmt: skip
+    assert "7 newly refused" in out
+
+
+async def test_check_finds_newly_allowed_requests(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without the pool rule the refused create (pool "other-gpus") would pass.
+    text = Path(DEFAULT).read_text().replace("        pool: spec.pool.name\n", "")
+    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text),
+                       "--driver", GPU, "--driver", NIC, str(recorded))  # fmt: skip
+    assert code == 0
+    (changed,) = [line for line in out.splitlines() if "->" in line]
+    assert changed.startswith("FORBID -> ALLOW") and "create /apis/resource.k8s.io" in changed
+
+
+def test_check_a_kube_apiserver_log_with_driver_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_apiserver_log(tmp_path / "kube-audit.log")
+    code, out, _ = run(
+        capsys, "check", "--policy", DEFAULT, "--driver", GPU, "--driver", NIC,
+        "--driver-user", f"{SA_GPU}={GPU}", "--driver-user", f"{SA_NIC}={NIC}", str(log),
+    )  # fmt: skip
+    assert code == 1
+    changed = [line for line in out.splitlines() if line.startswith("ALLOW -> FORBID")]
+    assert len(changed) == 3
+    assert "list /apis/resource.k8s.io/v1/resourceslices  (403: list requires" in changed[0]
+    assert 'spec.nodeName "node-b"' in changed[1]
+    assert "devicepools" in changed[2] and "does not allow this resource" in changed[2]
+    assert "1 skipped: user not mapped to a driver" in out
+
+
+def test_check_without_node_name_skips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "kube-audit.log"
+    lines = write_apiserver_log(tmp_path / "full.log").read_text().splitlines()
+    log.write_text(lines[2].replace('"authentication.kubernetes.io/node-name"', '"x"') + "\n")
+    args = ["check", "--policy", DEFAULT, "--driver", GPU, "--driver-user", f"{SA_GPU}={GPU}"]
+    code, out, _ = run(capsys, *args, str(log))
+    assert code == 0 and "1 skipped: no node name" in out
+    code, out, _ = run(capsys, *args, "--node-name", "node-a", str(log))
+    assert code == 0 and "1 requests re-decided" in out
+
+
+async def test_generate_round_trips_on_a_recorded_run(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path = tmp_path / "generated.yaml"
+    code, _, _ = run(capsys, "generate", "-o", str(out_path), str(recorded))
+    assert code == 0
+    policy = load_policy(str(out_path))
+    assert policy.drivers == {GPU, NIC}
+    (kind,) = policy.kinds.values()
+    assert kind.resource == "resourceslices" and set(kind.versions) == {"v1"}
+    assert kind.verbs == {"list", "watch", "create", "update", "patch", "get", "delete"}
+    code, out, _ = run(capsys, "check", "--policy", str(out_path), str(recorded))
+    assert code == 0, out
+    assert "0 newly refused" in out
+
+
+def test_generate_round_trips_on_a_kube_apiserver_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_apiserver_log(tmp_path / "kube-audit.log")
+    users = ["--driver-user", f"{SA_GPU}={GPU}", "--driver-user", f"{SA_NIC}={NIC}"]
+    code, text, _ = run(capsys, "generate", *users, str(log))
+    assert code == 0
+    out_path = Path(policy_file(tmp_path, text))
+    policy = load_policy(str(out_path))
+    pools = policy.kind_for("devmgmtproto.k8s.io", "devicepools")
+    assert pools is not None and pools.kind == "DevicePool"  # paths inferred from the objects
+    assert [".".join(p) for p in pools.versions["v1alpha1"].paths.values()] == [
+        "spec.driver", "spec.nodeName", "metadata.name"
+    ]  # fmt: skip
+    slices = policy.kind_for("resource.k8s.io", "resourceslices")
+    assert slices is not None and slices.list_selector.value == "Inject"  # an unpinned list
+    code, out, _ = run(capsys, "check", "--policy", str(out_path), *users, str(log))
+    # Only the slice for node-b stays refused: no NodeLocal policy allows another node's slice.
+    assert code == 1
+    (changed,) = [line for line in out.splitlines() if "->" in line]
+    assert 'spec.nodeName "node-b"' in changed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["summarize", "/nonexistent.log"], "cannot read"),
+        (["summarize", "--driver-user", "nobody", "x.log"], "USER=DRIVER"),
+        (["check", "--policy", "/nonexistent.yaml", "x.log"], "cannot read policy"),
+        (["check", "x.log"], "--policy"),
+        (["summarize", "-", "-"], "stdin"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    assert message in err and err.count("\n") == 1

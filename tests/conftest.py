@@ -1,0 +1,121 @@
+"""Shared fixtures: throwaway PKI, the embedded API server as upstream, a running gatekeeper."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.policy import Policy, load_policy
+from gatekeeper.server import GatekeeperServer, socket_path
+from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.upstream import Upstream
+
+NODE = "node-a"
+GPU = "gpu.example.com"
+NIC = "nic.example.com"
+NODE_TOKEN = "node-a-upstream-token"
+
+
+@dataclass(frozen=True)
+class PKI:
+    """Throwaway certificates generated for this test session (never committed)."""
+
+    directory: Path
+    ca: IssuedCert
+
+    def path(self, name: str) -> str:
+        return str(self.directory / name)
+
+    def client_files(self, driver: str) -> tuple[str, str]:
+        cert, key = self.directory / f"{driver}.crt", self.directory / f"{driver}.key"
+        if not cert.exists():
+            issued = issue_client_cert(self.ca, driver)
+            write_pem(cert, issued.cert_pem)
+            write_pem(key, issued.key_pem, private=True)
+        return str(cert), str(key)
+
+    def client_context(self, driver: str | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.path("ca.crt"))
+        if driver is not None:
+            context.load_cert_chain(*self.client_files(driver))
+        return context
+
+
+@pytest.fixture(scope="session")
+def pki() -> Iterator[PKI]:
+    directory = Path(tempfile.mkdtemp(prefix="gk-pki-"))
+    ca = create_ca()
+    write_pem(directory / "ca.crt", ca.cert_pem)
+    write_pem(directory / "ca.key", ca.key_pem, private=True)
+    server = issue_server_cert(ca)
+    write_pem(directory / "server.crt", server.cert_pem)
+    write_pem(directory / "server.key", server.key_pem, private=True)
+    yield PKI(directory, ca)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def policy() -> Policy:
+    return load_policy(None).with_drivers(frozenset({GPU, NIC}))
+
+
+@pytest.fixture
+async def apiserver(policy: Policy) -> AsyncIterator[APIServer]:
+    server = APIServer(served_kinds(policy), token=NODE_TOKEN)
+    await server.start()
+    yield server
+    await server.close()
+
+
+@dataclass
+class Running:
+    """A started gatekeeper and how drivers reach it."""
+
+    server: GatekeeperServer
+    socket_dir: Path
+    pki: PKI
+
+    @property
+    def tls_url(self) -> str:
+        return f"https://127.0.0.1:{self.server.tls_port}"
+
+    def socket_path(self, driver: str) -> Path:
+        return socket_path(self.socket_dir, driver)
+
+    def unix_session(self, driver: str) -> aiohttp.ClientSession:
+        connector = aiohttp.UnixConnector(path=str(self.socket_path(driver)))
+        return aiohttp.ClientSession(base_url="http://localhost", connector=connector)
+
+    def tls_session(self, driver: str | None) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self.pki.client_context(driver))
+        return aiohttp.ClientSession(base_url=self.tls_url, connector=connector)
+
+
+@pytest.fixture
+async def gatekeeper(apiserver: APIServer, policy: Policy, pki: PKI) -> AsyncIterator[Running]:
+    from gatekeeper.config import server_ssl_context
+
+    socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
+    server = GatekeeperServer(
+        policy=policy,
+        node_name=NODE,
+        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
+        socket_dir=socket_dir,
+        listen=("127.0.0.1", 0),
+        listen_ssl=server_ssl_context(
+            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
+        ),
+    )
+    await server.start()
+    yield Running(server, socket_dir, pki)
+    await server.stop()
+    shutil.rmtree(socket_dir, ignore_errors=True)

@@ -1,0 +1,162 @@
+"""Real clients, unchanged, through the gatekeeper's mTLS listener: kubectl 1.32 (client-go)
+and the official `kubernetes` Python client."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gatekeeper.testing import APIServer
+from tests.conftest import GPU, NIC, NODE, Running
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+SELECTOR = f"spec.nodeName={NODE},spec.driver={GPU}"
+
+
+def write_kubeconfig(directory: Path, gatekeeper: Running, driver: str) -> Path:
+    cert, key = gatekeeper.pki.client_files(driver)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gk",
+                "cluster": {
+                    "server": gatekeeper.tls_url,
+                    "certificate-authority": gatekeeper.pki.path("ca.crt"),
+                },
+            }
+        ],
+        "users": [{"name": driver, "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "gk", "context": {"cluster": "gk", "user": driver}}],
+        "current-context": "gk",
+    }
+    path = directory / f"{driver}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def slice_manifest(
+    name: str, driver: str = GPU, node: str = NODE, pool: str = NODE
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path, cache: Path) -> None:
+        self.base = [str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache)]
+
+    async def __call__(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+        process = await asyncio.create_subprocess_exec(
+            *self.base,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(
+            process.communicate(stdin.encode() if stdin else None), timeout=60
+        )
+        return process.returncode or 0, out.decode(), err.decode()
+
+
+@pytest.fixture
+def kubectl(gatekeeper: Running, tmp_path: Path) -> Kubectl:
+    return Kubectl(write_kubeconfig(tmp_path, gatekeeper, GPU), tmp_path / "cache")
+
+
+@needs_kubectl
+async def test_kubectl_get_with_field_selector(kubectl: Kubectl, apiserver: APIServer) -> None:
+    apiserver.add(slice_manifest("node-a-gpu-0"))
+    apiserver.add(slice_manifest("node-a-nic-0", driver=NIC))
+    apiserver.add(slice_manifest("node-b-gpu-0", node="node-b", pool="node-b"))
+    code, out, err = await kubectl("get", "resourceslices", "--field-selector", SELECTOR)
+    assert code == 0, err
+    assert "node-a-gpu-0" in out
+    assert "node-a-nic-0" not in out and "node-b-gpu-0" not in out
+    table_requests = [e for e in apiserver.journal if "as=Table" in e.headers.get("Accept", "")]
+    assert table_requests, "kubectl negotiates a Table and the gatekeeper passes it through"
+
+
+@needs_kubectl
+async def test_kubectl_create_and_delete(kubectl: Kubectl, apiserver: APIServer) -> None:
+    manifest = yaml.safe_dump(slice_manifest("node-a-gpu-created"))
+    code, out, err = await kubectl("create", "-f", "-", stdin=manifest)
+    assert code == 0, err
+    assert "node-a-gpu-created created" in out
+    assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-gpu-created") is not None
+    code, out, err = await kubectl("delete", "resourceslice", "node-a-gpu-created")
+    assert code == 0, err
+    assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-gpu-created") is None
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (("get", "secrets"), None, 'cannot list resource "secrets" in API group ""'),
+        (("get", "resourceslices"), None, "list requires fieldSelector"),
+        (
+            ("create", "-f", "-"),
+            yaml.safe_dump(slice_manifest("node-a-nic-x", driver=NIC)),
+            'does not match the calling driver "gpu.example.com"',
+        ),
+        (
+            ("create", "-f", "-"),
+            yaml.safe_dump(slice_manifest("bad-pool", pool="shared")),
+            'spec.pool.name "shared" is not prefixed by node name "node-a"',
+        ),
+    ],
+    ids=["secrets", "cluster-wide-list", "other-driver", "bad-pool"],
+)
+async def test_kubectl_prints_the_gatekeepers_refusal(
+    kubectl: Kubectl, apiserver: APIServer, args: tuple[str, ...], stdin: str | None, message: str
+) -> None:
+    code, _, err = await kubectl(*args, stdin=stdin)
+    assert code != 0
+    assert "Forbidden" in err and message in err
+    assert not [e for e in apiserver.journal if e.method != "GET" or "secrets" in e.path]
+
+
+async def test_python_client(gatekeeper: Running, apiserver: APIServer, tmp_path: Path) -> None:
+    kubernetes = pytest.importorskip("kubernetes")
+    path = write_kubeconfig(tmp_path, gatekeeper, GPU)
+    apiserver.add(slice_manifest("node-a-gpu-0"))
+    apiserver.add(slice_manifest("node-a-nic-0", driver=NIC))
+
+    def run() -> tuple[list[str], str, int]:
+        client = kubernetes.config.new_client_from_config(config_file=str(path))
+        api = kubernetes.client.ResourceV1Api(client)
+        listed = api.list_resource_slice(field_selector=SELECTOR)
+        created = api.create_resource_slice(slice_manifest("node-a-gpu-1"))
+        try:
+            api.list_resource_slice()
+        except kubernetes.client.ApiException as exc:
+            refused = exc.status
+        else:
+            refused = 0
+        api.delete_resource_slice("node-a-gpu-1")
+        client.close()
+        return [item.metadata.name for item in listed.items], created.metadata.name, refused
+
+    names, created, refused = await asyncio.to_thread(run)
+    assert names == ["node-a-gpu-0"]
+    assert created == "node-a-gpu-1"
+    assert refused == 403
+    assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-gpu-1") is None

@@ -1,0 +1,379 @@
+"""The pipeline end to end: real drivers over real Unix sockets and mTLS, the embedded API server
+as upstream over real HTTP. Every refusal is checked against the upstream's journal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gatekeeper.testing import APIServer
+from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PINNED = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
+
+
+def slice_body(
+    name: str | None = "node-a-gpu-0",
+    driver: str = GPU,
+    node: str = NODE,
+    pool: str = "node-a-gpus",
+) -> dict[str, Any]:
+    metadata = {"name": name} if name else {"generateName": f"{NODE}-{driver}-"}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def seed(apiserver: APIServer, **kwargs: Any) -> dict[str, Any]:
+    return apiserver.add(slice_body(**kwargs))
+
+
+async def raw_request(
+    gatekeeper: Running, method: str, target: str, body: Any = None
+) -> tuple[int, dict[str, str], Any]:
+    """Send the request line byte for byte (HTTP clients normalize paths; attackers do not)."""
+    reader, writer = await asyncio.open_unix_connection(str(gatekeeper.socket_path(GPU)))
+    payload = b"" if body is None else json.dumps(body).encode()
+    head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+    if payload:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    writer.write(head.encode("latin-1") + b"\r\n" + payload)
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head_bytes, _, body_bytes = raw.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body_bytes)
+
+
+def driver_requests(apiserver: APIServer, since: int) -> list[tuple[str, str]]:
+    return [(entry.method, entry.path) for entry in apiserver.journal[since:]]
+
+
+@pytest.mark.parametrize("transport", ["unix", "mtls"])
+async def test_dra_helper_sequence(
+    gatekeeper: Running, apiserver: APIServer, transport: str
+) -> None:
+    """list + watch pinned, create with generateName, update, delete with preconditions."""
+    session = gatekeeper.unix_session(GPU) if transport == "unix" else gatekeeper.tls_session(GPU)
+    async with session:
+        listed = await session.get(f"{SLICES}?{PINNED}")
+        assert listed.status == 200, await listed.text()
+        listing = await listed.json()
+        assert listing["kind"] == "ResourceSliceList" and listing["items"] == []
+        rv = listing["metadata"]["resourceVersion"]
+
+        watch = await session.get(
+            f"{SLICES}?{PINNED}&watch=true&resourceVersion={rv}&allowWatchBookmarks=true"
+            "&timeoutSeconds=30"
+        )
+        assert watch.status == 200
+
+        created = await session.post(SLICES, json=slice_body(name=None))
+        assert created.status == 201, await created.text()
+        obj = await created.json()
+        assert obj["metadata"]["name"].startswith(f"{NODE}-{GPU}-")
+        assert created.headers["Audit-Id"]
+
+        event = json.loads(await asyncio.wait_for(watch.content.readline(), 10))
+        assert event["type"] == "ADDED"
+        assert event["object"]["metadata"]["name"] == obj["metadata"]["name"]
+
+        obj["spec"]["devices"].append({"name": "gpu-1"})
+        updated = await session.put(f"{SLICES}/{obj['metadata']['name']}", json=obj)
+        assert updated.status == 200, await updated.text()
+        obj = await updated.json()
+        assert [d["name"] for d in obj["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        event = json.loads(await asyncio.wait_for(watch.content.readline(), 10))
+        assert event["type"] == "MODIFIED"
+
+        deleted = await session.delete(
+            f"{SLICES}/{obj['metadata']['name']}",
+            json={
+                "preconditions": {
+                    "uid": obj["metadata"]["uid"],
+                    "resourceVersion": obj["metadata"]["resourceVersion"],
+                }
+            },
+        )
+        assert deleted.status == 200, await deleted.text()
+        event = json.loads(await asyncio.wait_for(watch.content.readline(), 10))
+        assert event["type"] == "DELETED"
+        watch.close()
+    assert apiserver.get("resource.k8s.io", "resourceslices", obj["metadata"]["name"]) is None
+    delete = next(e for e in apiserver.journal if e.method == "DELETE")
+    assert json.loads(delete.body)["preconditions"] == {
+        "uid": obj["metadata"]["uid"],
+        "resourceVersion": obj["metadata"]["resourceVersion"],
+    }
+
+
+async def test_same_answers_as_the_api_server(gatekeeper: Running, apiserver: APIServer) -> None:
+    seed(apiserver)
+    seed(apiserver, name="node-b-gpu", node="node-b", pool="node-b")
+    headers = {"Authorization": f"Bearer {NODE_TOKEN}"}
+    async with (
+        gatekeeper.unix_session(GPU) as proxied,
+        aiohttp.ClientSession(apiserver.url) as direct,
+    ):
+        for path in (f"{SLICES}?{PINNED}", f"{SLICES}/node-a-gpu-0", f"{SLICES}/missing"):
+            via = await proxied.get(path)
+            straight = await direct.get(path, headers=headers)
+            assert via.status == straight.status
+            assert await via.json() == await straight.json()
+
+
+async def test_driver_authorization_never_reaches_upstream(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    seed(apiserver)
+    async with gatekeeper.unix_session(GPU) as session:
+        for method, path in (("GET", f"{SLICES}/node-a-gpu-0"), ("GET", f"{SLICES}?{PINNED}")):
+            response = await session.request(
+                method,
+                path,
+                headers={
+                    "Authorization": "Bearer driver-secret",
+                    "Cookie": "a=b",
+                    "Proxy-Authorization": "Basic eA==",
+                },
+            )
+            assert response.status == 200
+    assert apiserver.journal
+    for entry in apiserver.journal:
+        assert entry.headers.get("Authorization") == f"Bearer {NODE_TOKEN}"
+        assert "Cookie" not in entry.headers and "Proxy-Authorization" not in entry.headers
+
+
+REFUSALS = [
+    (
+        "other-driver",
+        "POST",
+        SLICES,
+        slice_body(driver=NIC),
+        403,
+        "does not match the calling driver",
+    ),
+    ("other-node", "POST", SLICES, slice_body(node="node-b"), 403, "does not match this node"),
+    ("bad-pool", "POST", SLICES, slice_body(pool="gpus"), 403, "is not prefixed by node name"),
+    ("cluster-wide-list", "GET", SLICES, None, 403, "list requires fieldSelector"),
+    ("cluster-wide-watch", "GET", f"{SLICES}?watch=1", None, 403, "watch requires fieldSelector"),
+    (
+        "other-node-list",
+        "GET",
+        f"{SLICES}?fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3Dnode-b",
+        None,
+        403,
+        "pins",
+    ),
+    ("unpinned-deletecollection", "DELETE", SLICES, None, 403, "deletecollection requires"),
+    (
+        "secrets",
+        "GET",
+        "/api/v1/namespaces/kube-system/secrets",
+        None,
+        403,
+        'cannot list resource "secrets"',
+    ),
+    ("pods", "POST", "/api/v1/namespaces/default/pods", {"kind": "Pod"}, 403, "does not allow"),
+    ("nodes", "GET", "/api/v1/nodes", None, 403, "does not allow"),
+    (
+        "clusterroles",
+        "GET",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        None,
+        403,
+        "does not allow",
+    ),
+    (
+        "dot-dot",
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices/../../../api/v1/secrets",
+        None,
+        400,
+        "",
+    ),
+    ("escaped-slash", "GET", "/apis/resource.k8s.io/v1/resourceslices/a%2Fb", None, 400, ""),
+    ("escaped-dots", "GET", "/api/v1/namespaces/%2e%2e/secrets", None, 400, ""),
+    ("double-slash", "GET", "/apis/resource.k8s.io/v1//resourceslices", None, 400, ""),
+    ("trailing-slash", "GET", f"{SLICES}/", None, 400, ""),
+    ("semicolon", "GET", f"{SLICES};x=y", None, 400, ""),
+    ("backslash", "GET", "/apis/resource.k8s.io/v1/resourceslices\\x", None, 400, ""),
+    (
+        "lowercase-fieldselector",
+        "GET",
+        f"{SLICES}?fieldselector=spec.nodeName%3D{NODE}",
+        None,
+        400,
+        "not recognized",
+    ),
+    ("repeated-query", "GET", f"{SLICES}?{PINNED}&{PINNED}", None, 400, ""),
+    ("watch-prefix", "GET", "/apis/resource.k8s.io/v1/watch/resourceslices", None, 400, ""),
+    (
+        "namespaced-slice",
+        "GET",
+        "/apis/resource.k8s.io/v1/namespaces/x/resourceslices/y",
+        None,
+        400,
+        "cluster-scoped",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "code", "message"),
+    [case[1:] for case in REFUSALS],
+    ids=[case[0] for case in REFUSALS],
+)
+async def test_refusals_never_reach_upstream(
+    gatekeeper: Running,
+    apiserver: APIServer,
+    method: str,
+    path: str,
+    body: Any,
+    code: int,
+    message: str,
+) -> None:
+    code_seen, headers, status = await raw_request(gatekeeper, method, path, body)
+    assert code_seen == code
+    assert headers["content-type"].startswith("application/json")
+    assert status["kind"] == "Status" and status["code"] == code and status["status"] == "Failure"
+    assert message in status["message"]
+    assert apiserver.journal == []
+
+
+HEADER_TRICKS = [
+    ("impersonate-user", {"Impersonate-User": "system:admin"}),
+    ("impersonate-group", {"Impersonate-Group": "system:masters"}),
+    ("impersonate-extra", {"Impersonate-Extra-Scopes": "x"}),
+    ("x-remote-user", {"X-Remote-User": "admin"}),
+    ("x-remote-group", {"X-Remote-Group": "system:masters"}),
+    ("method-override", {"X-HTTP-Method-Override": "DELETE"}),
+    ("upgrade", {"Connection": "Upgrade", "Upgrade": "websocket"}),
+]
+
+
+@pytest.mark.parametrize(
+    "headers", [c[1] for c in HEADER_TRICKS], ids=[c[0] for c in HEADER_TRICKS]
+)
+async def test_header_tricks_are_refused(
+    gatekeeper: Running, apiserver: APIServer, headers: dict[str, str]
+) -> None:
+    async with gatekeeper.unix_session(GPU) as session:
+        response = await session.get(f"{SLICES}?{PINNED}", headers=headers)
+        assert response.status == 403
+        assert (await response.json())["reason"] == "Forbidden"
+    assert apiserver.journal == []
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "TRACE", "PROPFIND"])
+async def test_other_methods_are_refused(
+    gatekeeper: Running, apiserver: APIServer, method: str
+) -> None:
+    async with gatekeeper.unix_session(GPU) as session:
+        response = await session.request(method, f"{SLICES}?{PINNED}")
+        assert response.status == 403
+    assert apiserver.journal == []
+
+
+async def test_foreign_objects_are_checked_before_any_write(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    foreign = seed(apiserver, name="node-a-nic", driver=NIC)
+    elsewhere = seed(apiserver, name="node-b-gpu", node="node-b", pool="node-b")
+    async with gatekeeper.unix_session(GPU) as session:
+        for obj in (foreign, elsewhere):
+            name = obj["metadata"]["name"]
+            for method, body in (("GET", None), ("PUT", obj), ("DELETE", None)):
+                response = await session.request(method, f"{SLICES}/{name}", json=body)
+                assert response.status == 403, (method, name)
+                assert "the stored object's" in (await response.json())["message"]
+    # Only the gatekeeper's own reads of the stored objects arrived; no write did.
+    assert {entry.method for entry in apiserver.journal} == {"GET"}
+    assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-nic") is not None
+
+
+async def test_mtls_identity(gatekeeper: Running, apiserver: APIServer) -> None:
+    async with gatekeeper.tls_session("evil.example.com") as stranger:
+        response = await stranger.get("/version")
+        assert response.status == 403
+        assert 'driver "evil.example.com" is not allowed' in (await response.json())["message"]
+    async with gatekeeper.tls_session(None) as anonymous:
+        response = await anonymous.get("/version")
+        assert response.status == 401
+        assert (await response.json())["reason"] == "Unauthorized"
+    async with gatekeeper.tls_session(NIC) as nic:
+        response = await nic.post(SLICES, json=slice_body(driver=NIC))
+        assert response.status == 201, await response.text()
+    assert [entry.method for entry in apiserver.journal] == ["POST"]
+
+
+async def test_certificate_from_another_ca_fails_the_handshake(
+    gatekeeper: Running, apiserver: APIServer, tmp_path: Any
+) -> None:
+    import ssl
+
+    from gatekeeper.certs import create_ca, issue_client_cert, write_pem
+
+    rogue = issue_client_cert(create_ca("rogue"), GPU)
+    write_pem(tmp_path / "c.crt", rogue.cert_pem)
+    write_pem(tmp_path / "c.key", rogue.key_pem, private=True)
+    context = ssl.create_default_context(cafile=gatekeeper.pki.path("ca.crt"))
+    context.load_cert_chain(tmp_path / "c.crt", tmp_path / "c.key")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        with pytest.raises(aiohttp.ClientError):
+            response = await session.get(f"{gatekeeper.tls_url}/version")
+            await response.read()
+    assert apiserver.journal == []
+
+
+async def test_discovery_passes_for_policy_groups(gatekeeper: Running) -> None:
+    async with gatekeeper.unix_session(GPU) as session:
+        for path in ("/version", "/apis", "/api", "/apis/resource.k8s.io/v1"):
+            response = await session.get(path)
+            assert response.status == 200, path
+
+
+async def test_upstream_unreachable_is_503_with_retry_after(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    await apiserver.close()
+    async with gatekeeper.unix_session(GPU) as session:
+        response = await session.get(f"{SLICES}?{PINNED}")
+        body = await response.json()
+    assert response.status == 503
+    assert response.headers["Retry-After"] == "1"
+    assert body["details"]["retryAfterSeconds"] == 1
+
+
+async def test_watch_events_arrive_as_they_happen(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    async with gatekeeper.unix_session(GPU) as session:
+        watch = await session.get(f"{SLICES}?{PINNED}&watch=true&timeoutSeconds=60")
+        assert watch.status == 200
+        for index in range(3):
+            seed(apiserver, name=f"node-a-gpu-{index}")
+            event = json.loads(await asyncio.wait_for(watch.content.readline(), 5))
+            assert (event["type"], event["object"]["metadata"]["name"]) == (
+                "ADDED",
+                f"node-a-gpu-{index}",
+            )
+        seed(apiserver, name="node-a-nic", driver=NIC)  # filtered upstream by the pinned selector
+        seed(apiserver, name="node-a-gpu-3")
+        event = json.loads(await asyncio.wait_for(watch.content.readline(), 5))
+        assert event["object"]["metadata"]["name"] == "node-a-gpu-3"
+        watch.close()
