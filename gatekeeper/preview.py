@@ -10,26 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE, PatchError, pin_patch
+from gatekeeper.policy.patching import PatchError, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream
 
 __all__ = ["preview_patch"]
 
-_PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
-
 
 async def preview_patch(
-    upstream: Upstream,
-    info: RequestInfo,
-    media_type: str,
-    patch: Any,
-    current: KubeObject | None,
-) -> KubeObject | None:
-    """The would-be object for a strategic-merge or apply patch of ``current``; else None."""
-    if info.verb != "patch" or media_type not in _PREVIEWED or current is None:
-        return None
+    upstream: Upstream, info: RequestInfo, media_type: str, patch: Any, current: KubeObject
+) -> KubeObject:
+    """The object a strategic-merge or apply patch of ``current`` would store."""
     resource_version = str(current.get("metadata", {}).get("resourceVersion", ""))
     try:
         pinned = pin_patch(media_type, patch, resource_version)

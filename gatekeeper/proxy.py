@@ -84,9 +84,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
         flow.media_type, flow.body = await read_body(request, flow.info)
         if (path := gk.engine.lookup(flow.identity, flow.info)) is not None:
             flow.current = await gk.upstream.fetch(path)
-        flow.proposed = await preview_patch(
-            gk.upstream, flow.info, flow.media_type, flow.body, flow.current
-        )
+        if gk.engine.needs_preview(flow.identity, flow.info, flow.current, flow.media_type):
+            flow.proposed = await preview_patch(
+                gk.upstream, flow.info, flow.media_type, flow.body, flow.current
+            )
         flow.decision = gk.engine.decide(
             flow.identity,
             flow.info,

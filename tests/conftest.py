@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.kubeconfig import UpstreamConfig
@@ -100,22 +104,106 @@ class Running:
         return aiohttp.ClientSession(base_url=self.tls_url, connector=connector)
 
 
-@pytest.fixture
-async def gatekeeper(apiserver: APIServer, policy: Policy, pki: PKI) -> AsyncIterator[Running]:
+@asynccontextmanager
+async def running_gatekeeper(
+    apiserver: APIServer,
+    policy: Policy,
+    pki: PKI,
+    *,
+    upstream: Upstream | None = None,
+    **options: Any,
+) -> AsyncIterator[Running]:
+    """A gatekeeper on a fresh socket directory and an ephemeral mTLS port."""
     from gatekeeper.config import server_ssl_context
 
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
+        upstream=upstream or Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
         socket_dir=socket_dir,
         listen=("127.0.0.1", 0),
         listen_ssl=server_ssl_context(
             pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
         ),
+        **options,
     )
     await server.start()
-    yield Running(server, socket_dir, pki)
-    await server.stop()
-    shutil.rmtree(socket_dir, ignore_errors=True)
+    try:
+        yield Running(server, socket_dir, pki)
+    finally:
+        await server.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def gatekeeper(apiserver: APIServer, policy: Policy, pki: PKI) -> AsyncIterator[Running]:
+    async with running_gatekeeper(apiserver, policy, pki) as running:
+        yield running
+
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+SELECTOR = f"spec.nodeName={NODE},spec.driver={GPU}"
+
+
+def write_kubeconfig(directory: Path, gatekeeper: Running, driver: str) -> Path:
+    cert, key = gatekeeper.pki.client_files(driver)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gk",
+                "cluster": {
+                    "server": gatekeeper.tls_url,
+                    "certificate-authority": gatekeeper.pki.path("ca.crt"),
+                },
+            }
+        ],
+        "users": [{"name": driver, "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "gk", "context": {"cluster": "gk", "user": driver}}],
+        "current-context": "gk",
+    }
+    path = directory / f"{driver}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def slice_manifest(
+    name: str, driver: str = GPU, node: str = NODE, pool: str = NODE
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path, cache: Path) -> None:
+        self.base = [str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache)]
+
+    async def __call__(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
+        process = await asyncio.create_subprocess_exec(
+            *self.base,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(
+            process.communicate(stdin.encode() if stdin else None), timeout=60
+        )
+        return process.returncode or 0, out.decode(), err.decode()
+
+
+@pytest.fixture
+def kubectl(gatekeeper: Running, tmp_path: Path) -> Kubectl:
+    return Kubectl(write_kubeconfig(tmp_path, gatekeeper, GPU), tmp_path / "cache")

@@ -4,81 +4,22 @@ and the official `kubernetes` Python client."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NIC, NODE, Running
-
-KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
-SELECTOR = f"spec.nodeName={NODE},spec.driver={GPU}"
-
-
-def write_kubeconfig(directory: Path, gatekeeper: Running, driver: str) -> Path:
-    cert, key = gatekeeper.pki.client_files(driver)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "gk",
-                "cluster": {
-                    "server": gatekeeper.tls_url,
-                    "certificate-authority": gatekeeper.pki.path("ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": driver, "user": {"client-certificate": cert, "client-key": key}}],
-        "contexts": [{"name": "gk", "context": {"cluster": "gk", "user": driver}}],
-        "current-context": "gk",
-    }
-    path = directory / f"{driver}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def slice_manifest(
-    name: str, driver: str = GPU, node: str = NODE, pool: str = NODE
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
-
-
-class Kubectl:
-    def __init__(self, kubeconfig: Path, cache: Path) -> None:
-        self.base = [str(KUBECTL), "--kubeconfig", str(kubeconfig), "--cache-dir", str(cache)]
-
-    async def __call__(self, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
-        process = await asyncio.create_subprocess_exec(
-            *self.base,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(
-            process.communicate(stdin.encode() if stdin else None), timeout=60
-        )
-        return process.returncode or 0, out.decode(), err.decode()
-
-
-@pytest.fixture
-def kubectl(gatekeeper: Running, tmp_path: Path) -> Kubectl:
-    return Kubectl(write_kubeconfig(tmp_path, gatekeeper, GPU), tmp_path / "cache")
+from tests.conftest import (
+    GPU,
+    NIC,
+    SELECTOR,
+    Kubectl,
+    Running,
+    needs_kubectl,
+    slice_manifest,
+    write_kubeconfig,
+)
 
 
 @needs_kubectl

@@ -22,8 +22,11 @@ PARSE_FIELD_CASES = [
     ("one-equal", "spec.nodeName=node-a", (R("spec.nodeName", "=", "node-a"),)),
     ("double-equal-normalized", "spec.driver==gpu", (R("spec.driver", "=", "gpu"),)),
     ("not-equal", "spec.nodeName!=node-a", (R("spec.nodeName", "!=", "node-a"),)),
-    ("two-terms", "spec.nodeName=a,spec.driver=b",
-     (R("spec.nodeName", "=", "a"), R("spec.driver", "=", "b"))),
+    (
+        "two-terms",
+        "spec.nodeName=a,spec.driver=b",
+        (R("spec.nodeName", "=", "a"), R("spec.driver", "=", "b")),
+    ),
     ("empty-value", "spec.nodeName=", (R("spec.nodeName", "=", ""),)),
     ("empty-terms-skipped", "a=b,,c=d,", (R("a", "=", "b"), R("c", "=", "d"))),
     ("escaped-comma", r"metadata.name=a\,b", (R("metadata.name", "=", "a,b"),)),
@@ -35,8 +38,9 @@ PARSE_FIELD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in PARSE_FIELD_CASES],
-                         ids=[c[0] for c in PARSE_FIELD_CASES])
+@pytest.mark.parametrize(
+    ("text", "expected"), [c[1:] for c in PARSE_FIELD_CASES], ids=[c[0] for c in PARSE_FIELD_CASES]
+)
 def test_parse_field_selector(text: str, expected: tuple[FieldRequirement, ...]) -> None:
     assert parse_field_selector(text) == expected
 
@@ -53,8 +57,9 @@ BAD_FIELD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "message"), [c[1:] for c in BAD_FIELD_CASES],
-                         ids=[c[0] for c in BAD_FIELD_CASES])
+@pytest.mark.parametrize(
+    ("text", "message"), [c[1:] for c in BAD_FIELD_CASES], ids=[c[0] for c in BAD_FIELD_CASES]
+)
 def test_parse_field_selector_errors(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("\\", "\\\\")):
         parse_field_selector(text)
@@ -67,8 +72,9 @@ ROUND_TRIP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("reqs", [c[1] for c in ROUND_TRIP_CASES],
-                         ids=[c[0] for c in ROUND_TRIP_CASES])
+@pytest.mark.parametrize(
+    "reqs", [c[1] for c in ROUND_TRIP_CASES], ids=[c[0] for c in ROUND_TRIP_CASES]
+)
 def test_format_field_selector_round_trips(reqs: tuple[FieldRequirement, ...]) -> None:
     assert parse_field_selector(format_field_selector(reqs)) == reqs
 
@@ -91,8 +97,11 @@ MATCH_FIELD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "values", "expected"), [c[1:] for c in MATCH_FIELD_CASES],
-                         ids=[c[0] for c in MATCH_FIELD_CASES])
+@pytest.mark.parametrize(
+    ("text", "values", "expected"),
+    [c[1:] for c in MATCH_FIELD_CASES],
+    ids=[c[0] for c in MATCH_FIELD_CASES],
+)
 def test_matches_fields(text: str, values: dict[str, str], expected: bool) -> None:
     assert matches_fields(parse_field_selector(text), values) is expected
 
@@ -110,14 +119,14 @@ PARSE_LABEL_CASES = [
     ("notin", "env notin (a)", (L("env", "notin", ("a",)),)),
     ("prefixed-key", "example.com/tier=x", (L("example.com/tier", "=", ("x",)),)),
     ("empty-value", "a=", (L("a", "=", ("",)),)),
-    ("several", "a=b, !c ,d in (e)",
-     (L("a", "=", ("b",)), L("c", "!"), L("d", "in", ("e",)))),
+    ("several", "a=b, !c ,d in (e)", (L("a", "=", ("b",)), L("c", "!"), L("d", "in", ("e",)))),
     ("gt", "n>3", (L("n", "gt", ("3",)),)),
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in PARSE_LABEL_CASES],
-                         ids=[c[0] for c in PARSE_LABEL_CASES])
+@pytest.mark.parametrize(
+    ("text", "expected"), [c[1:] for c in PARSE_LABEL_CASES], ids=[c[0] for c in PARSE_LABEL_CASES]
+)
 def test_parse_label_selector(text: str, expected: tuple[LabelRequirement, ...]) -> None:
     assert parse_label_selector(text) == expected
 
@@ -134,8 +143,9 @@ BAD_LABEL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text", [c[1] for c in BAD_LABEL_CASES],
-                         ids=[c[0] for c in BAD_LABEL_CASES])
+@pytest.mark.parametrize(
+    "text", [c[1] for c in BAD_LABEL_CASES], ids=[c[0] for c in BAD_LABEL_CASES]
+)
 def test_parse_label_selector_errors(text: str) -> None:
     with pytest.raises(ValueError):
         parse_label_selector(text)
@@ -156,8 +166,11 @@ MATCH_LABEL_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "labels", "expected"), [c[1:] for c in MATCH_LABEL_CASES],
-                         ids=[c[0] for c in MATCH_LABEL_CASES])
+@pytest.mark.parametrize(
+    ("text", "labels", "expected"),
+    [c[1:] for c in MATCH_LABEL_CASES],
+    ids=[c[0] for c in MATCH_LABEL_CASES],
+)
 def test_matches_labels(text: str, labels: dict[str, str], expected: bool) -> None:
     assert matches_labels(text, labels) is expected
     assert matches_labels(parse_label_selector(text), labels) is expected

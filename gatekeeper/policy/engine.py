@@ -16,7 +16,13 @@ from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.decision import Decision, allow, deny, forbid
 from gatekeeper.policy.model import Field, KindSpec, ListSelectorMode, Policy, Scope, VersionSpec
 from gatekeeper.policy.ownership import fill_missing, ownership_violation
-from gatekeeper.policy.patching import APPLY, PatchError, patched_object, pin_patch
+from gatekeeper.policy.patching import (
+    APPLY,
+    STRATEGIC_MERGE,
+    PatchError,
+    patched_object,
+    pin_patch,
+)
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.types import KubeObject
@@ -25,6 +31,7 @@ __all__ = ["Engine"]
 
 JSON = "application/json"
 _CREATE_QUERY = frozenset({"fieldManager", "fieldValidation", "dryRun", "pretty"})
+_PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
 _OBJECT_VERBS = frozenset({"get", "update", "patch", "delete"})
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -49,6 +56,20 @@ class Engine:
         if info.subresource:
             return info.path[: -(len(info.subresource) + 1)]
         return info.path
+
+    def needs_preview(
+        self, identity: Identity, info: RequestInfo, current: KubeObject | None, media_type: str
+    ) -> bool:
+        """Whether to ask the upstream (``dryRun=All``) what a patch would store: only for
+        strategic-merge and apply patches of a stored object the caller may touch."""
+        if info.verb != "patch" or media_type not in _PREVIEWED or current is None:
+            return False
+        screened = self._screen(identity, info)
+        if isinstance(screened, Decision):
+            return False
+        _, version = screened
+        driver = identity.driver
+        return ownership_violation(version, current, driver, self.node_name, stored=True) is None
 
     def decide(
         self,

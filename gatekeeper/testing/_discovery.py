@@ -86,12 +86,16 @@ def api_versions(server_address: str) -> dict[str, Any]:
     return {
         "kind": "APIVersions",
         "versions": ["v1"],
-        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
     }
 
 
 def _group_doc(kinds: Sequence[ServedKind], group: str) -> dict[str, Any]:
-    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in _group_versions(kinds, group)]
+    versions = [
+        {"groupVersion": f"{group}/{v}", "version": v} for v in _group_versions(kinds, group)
+    ]
     return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
 
@@ -131,13 +135,22 @@ def api_resource_list(
             entry["shortNames"] = list(kind.short_names)
         resources.append(entry)
         resources += [
-            {"name": f"{kind.resource}/{sub}", "singularName": "", "namespaced": kind.namespaced,
-             "kind": kind.kind, "verbs": list(_SUB_VERBS)}
+            {
+                "name": f"{kind.resource}/{sub}",
+                "singularName": "",
+                "namespaced": kind.namespaced,
+                "kind": kind.kind,
+                "verbs": list(_SUB_VERBS),
+            }
             for sub in kind.subresources
         ]
     group_version = f"{group}/{version}" if group else version
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
-            "resources": resources}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }
 
 
 def _discovery_resource(kind: ServedKind) -> dict[str, Any]:
@@ -159,23 +172,33 @@ def _discovery_resource(kind: ServedKind) -> dict[str, Any]:
     return entry
 
 
-def aggregated_discovery(kinds: Sequence[ServedKind], *, core: bool, version: str) -> dict[str, Any]:
+def aggregated_discovery(
+    kinds: Sequence[ServedKind], *, core: bool, version: str
+) -> dict[str, Any]:
     """``GET /api`` or ``/apis`` with aggregated discovery (``APIGroupDiscoveryList``)."""
     groups = [""] if core else _groups(kinds)
     items = []
     for group in groups:
         versions = ["v1"] if core else _group_versions(kinds, group)
-        items.append({
-            "metadata": {"name": group} if group else {},
-            "versions": [
-                {"version": v,
-                 "resources": [_discovery_resource(k) for k in _kinds_at(kinds, group, v)],
-                 "freshness": "Current"}
-                for v in versions
-            ],
-        })
-    return {"kind": "APIGroupDiscoveryList", "apiVersion": f"apidiscovery.k8s.io/{version}",
-            "metadata": {}, "items": items}
+        items.append(
+            {
+                "metadata": {"name": group} if group else {},
+                "versions": [
+                    {
+                        "version": v,
+                        "resources": [_discovery_resource(k) for k in _kinds_at(kinds, group, v)],
+                        "freshness": "Current",
+                    }
+                    for v in versions
+                ],
+            }
+        )
+    return {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": f"apidiscovery.k8s.io/{version}",
+        "metadata": {},
+        "items": items,
+    }
 
 
 def _schema_name(kind: ServedKind, version: str) -> str:
@@ -203,16 +226,22 @@ _QUERY = ("dryRun", "fieldManager", "fieldValidation", "force", "pretty")
 
 
 def _operation(kind: ServedKind, version: str, action: str, ref: str) -> dict[str, Any]:
-    params = [{"name": n, "in": "query", "schema": {"type": "string"}, "uniqueItems": True}
-              for n in _QUERY]
+    params = [
+        {"name": n, "in": "query", "schema": {"type": "string"}, "uniqueItems": True}
+        for n in _QUERY
+    ]
     return {
         "operationId": f"{action}{kind.kind}",
         "parameters": params,
-        "responses": {"200": {"description": "OK",
-                              "content": {"application/json": {"schema": {"$ref": ref}}}}},
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": ref}}}}
+        },
         "x-kubernetes-action": action,
-        "x-kubernetes-group-version-kind": {"group": kind.group, "version": version,
-                                            "kind": kind.kind},
+        "x-kubernetes-group-version-kind": {
+            "group": kind.group,
+            "version": version,
+            "kind": kind.kind,
+        },
     }
 
 
@@ -223,8 +252,10 @@ def _paths(kind: ServedKind, version: str, ref: str) -> dict[str, Any]:
     ops = {a: _operation(kind, version, a, ref) for a in ("get", "put", "patch", "delete")}
     item = {verb: ops[verb] for verb in ("get", "put", "patch", "delete")}
     return {
-        collection: {"get": _operation(kind, version, "list", ref),
-                     "post": _operation(kind, version, "post", ref)},
+        collection: {
+            "get": _operation(kind, version, "list", ref),
+            "post": _operation(kind, version, "post", ref),
+        },
         collection + "/{name}": item,
     }
 
@@ -242,8 +273,12 @@ def openapi_v3_document(
         name = _schema_name(kind, version)
         schemas[name] = _schema(kind, version)
         paths.update(_paths(kind, version, f"#/components/schemas/{name}"))
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
-            "paths": paths, "components": {"schemas": schemas}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.36.2"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
 
 
 def _digest(doc: Any) -> str:
@@ -267,5 +302,9 @@ def openapi_v2(kinds: Sequence[ServedKind]) -> dict[str, Any]:
     for kind in kinds:
         for version in kind.versions:
             definitions[_schema_name(kind, version)] = _schema(kind, version)
-    return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.36.2"},
-            "paths": {}, "definitions": definitions}
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": "v1.36.2"},
+        "paths": {},
+        "definitions": definitions,
+    }

@@ -16,9 +16,11 @@ RESOURCE_SLICES = ServedKind(
     namespaced=False,
     versions=_SLICE_VERSIONS,
     selectable_fields={v: _SLICE_FIELDS for v in _SLICE_VERSIONS},
-    immutable_fields={v: ("spec.driver", "spec.nodeName", "spec.pool.name") for v in _SLICE_VERSIONS},
+    immutable_fields={
+        v: ("spec.driver", "spec.nodeName", "spec.pool.name") for v in _SLICE_VERSIONS
+    },
 )
-"""ResourceSlices: field selectors ``spec.nodeName``/``spec.driver``; driver, node, pool immutable."""
+"""ResourceSlices: selectable ``spec.nodeName``/``spec.driver``; driver, node, pool immutable."""
 
 RESOURCE_CLAIMS = ServedKind(
     group="resource.k8s.io",
@@ -45,7 +47,9 @@ DEVICE_POOLS = ServedKind(
     kind="DevicePool",
     namespaced=False,
     versions=("v1alpha1",),
-    selectable_fields={"v1alpha1": {"spec.driver": "spec.driver", "spec.nodeName": "spec.nodeName"}},
+    selectable_fields={
+        "v1alpha1": {"spec.driver": "spec.driver", "spec.nodeName": "spec.nodeName"}
+    },
     immutable_fields={"v1alpha1": ("spec.driver", "spec.nodeName")},
     subresources=("status",),
 )

@@ -132,4 +132,3 @@ def generic_invalid() -> APIError:
 def render_value(value: Any) -> str:
     """A value as the apiserver quotes it in field errors (strings in double quotes)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-

@@ -68,7 +68,9 @@ class Call:
         return (self.target.namespace or "", name if name is not None else self.target.name)
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     """Compact JSON, ``Content-Type: application/json`` (the apiserver's framing)."""
     return web.Response(
         body=json.dumps(body, separators=(",", ":")).encode(),
@@ -124,8 +126,9 @@ async def _list_or_watch(call: Call) -> web.StreamResponse:
     accept = call.request.headers.get("Accept", "")
     neg = negotiate_object(accept, collection=not opts.watch)
     if opts.watch:
-        return await serve_watch(call.request, call.store, target, opts, neg,
-                                 bookmark_interval=call.bookmark_interval)
+        return await serve_watch(
+            call.request, call.store, target, opts, neg, bookmark_interval=call.bookmark_interval
+        )
     items, meta = await list_objects(call.store, target, opts, rv_wait=call.rv_wait)
     return json_response(render_list(target.kind, target.version, items, meta, neg))
 
@@ -135,8 +138,9 @@ def _create_object(call: Call, obj: KubeObject, *, reset_status: bool) -> KubeOb
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     generated = not meta.get("name") and bool(meta.get("generateName"))
     for _ in range(8 if generated else 1):  # generateName collisions are retried, boundedly
-        prepared = prepare_create(target.kind, target.version, target.namespace or "", obj,
-                                  reset_status=reset_status)
+        prepared = prepare_create(
+            target.kind, target.version, target.namespace or "", obj, reset_status=reset_status
+        )
         if store.get(target.resource_key, object_key(prepared)) is None:
             break
     else:
@@ -168,20 +172,32 @@ async def _update(call: Call) -> web.Response:
     stored = call.store.get(target.resource_key, call.key())
     if stored is None:
         raise not_found(target.kind, target.name)
-    new = prepare_update(target.kind, target.version, target.namespace or "", target.name,
-                         stored, body, subresource=target.subresource)
+    new = prepare_update(
+        target.kind,
+        target.version,
+        target.namespace or "",
+        target.name,
+        stored,
+        body,
+        subresource=target.subresource,
+    )
     return _reply(call, _commit(call, stored, new))
 
 
 def _field_manager_required() -> APIError:
-    cause = {"reason": "FieldValueRequired", "message": "Required value: is required for apply "
-             "patch", "field": "fieldManager"}
-    return APIError(status_body(
-        422,
-        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for '
-        "apply patch",
-        details={"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [cause]},
-    ))
+    cause = {
+        "reason": "FieldValueRequired",
+        "message": "Required value: is required for apply patch",
+        "field": "fieldManager",
+    }
+    return APIError(
+        status_body(
+            422,
+            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for '
+            "apply patch",
+            details={"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [cause]},
+        )
+    )
 
 
 async def _patch(call: Call) -> web.Response:
@@ -197,16 +213,25 @@ async def _patch(call: Call) -> web.Response:
             raise not_found(target.kind, target.name)
         meta = patch.get("metadata") if isinstance(patch.get("metadata"), dict) else {}
         if meta.get("name", "") != target.name:
-            raise bad_request(f"the name of the object ({meta.get('name', '')}) does not match "
-                              f"the name on the URL ({target.name})")
+            raise bad_request(
+                f"the name of the object ({meta.get('name', '')}) does not match "
+                f"the name on the URL ({target.name})"
+            )
         # Apply creates a missing object and ignores a resourceVersion in the configuration,
         # as a real 1.36 apiserver does (DESIGN.md §4.4).
         creating = {**patch, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
         return _reply(call, _create_object(call, creating, reset_status=False), 201)
     current = versioned(target.kind, target.version, stored)
     result = apply_patch(patch_type, patch, current)
-    new = prepare_update(target.kind, target.version, target.namespace or "", target.name,
-                         stored, result, subresource=target.subresource)
+    new = prepare_update(
+        target.kind,
+        target.version,
+        target.namespace or "",
+        target.name,
+        stored,
+        result,
+        subresource=target.subresource,
+    )
     return _reply(call, _commit(call, stored, new))
 
 

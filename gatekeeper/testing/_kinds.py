@@ -79,7 +79,9 @@ class ServedKind:
                 f"field label not supported for {self.group_version(version)}, "
                 f"Kind={self.kind}: {label}"
             )
-        return f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+        return (
+            f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+        )
 
 
 def _as_selector_string(value: Any) -> str:

@@ -96,11 +96,15 @@ def parse_list_options(query: Mapping[str, str], kind: ServedKind, version: str)
         raise bad_request(message) from None
     rv, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
     if match and match not in ("Exact", "NotOlderThan"):
-        raise bad_request(f'resourceVersionMatch: Unsupported value: "{match}": supported '
-                          'values: "Exact", "NotOlderThan"')
+        raise bad_request(
+            f'resourceVersionMatch: Unsupported value: "{match}": supported '
+            'values: "Exact", "NotOlderThan"'
+        )
     if match and not rv and not _flag(query, "sendInitialEvents"):
-        raise bad_request("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden "
-                          "unless resourceVersion is provided")
+        raise bad_request(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden "
+            "unless resourceVersion is provided"
+        )
     if rv and rv != "0":
         try:
             int(rv)
@@ -157,8 +161,10 @@ def decode_continue(token: str) -> tuple[int, str]:
         or not isinstance(data.get("start"), str)
         or ".." in data["start"]
     ):
-        raise bad_request("continue key is not valid: incorrect encoded start resourceVersion "
-                          "(version meta.k8s.io/v1)")
+        raise bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion "
+            "(version meta.k8s.io/v1)"
+        )
     return data["rv"], data["start"]
 
 
@@ -174,7 +180,9 @@ def _too_large(rv: int, current: int) -> APIError:
         504,
         f"Timeout: Too large resource version: {rv}, current: {current}",
         details={
-            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
             "retryAfterSeconds": 1,
         },
     )
@@ -216,9 +224,7 @@ async def list_objects(
     """``(items, list metadata)`` for a list request (``limit``/``continue`` applied)."""
     objects, list_rv, start_key = await _list_state(store, target, opts, rv_wait)
     matches = matcher(target, opts)
-    keyed = sorted(
-        ((_relative_key(target, obj), obj) for obj in objects), key=lambda pair: pair[0]
-    )
+    keyed = sorted(((_relative_key(target, obj), obj) for obj in objects), key=lambda pair: pair[0])
     selected = [(key, obj) for key, obj in keyed if key >= start_key and matches(obj)]
     meta: KubeObject = {"resourceVersion": str(list_rv)}
     if opts.limit and len(selected) > opts.limit:

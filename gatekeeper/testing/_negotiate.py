@@ -44,7 +44,11 @@ class MediaRange:
     @property
     def accepts_json(self) -> bool:
         """``application/json``, ``application/*`` or ``*/*``."""
-        return (self.type, self.subtype) in (("application", "json"), ("application", "*"), ("*", "*"))
+        return (self.type, self.subtype) in (
+            ("application", "json"),
+            ("application", "*"),
+            ("*", "*"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

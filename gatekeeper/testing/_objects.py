@@ -14,6 +14,7 @@ import secrets
 from typing import Any, Final
 
 from gatekeeper.jsonpath import MISSING, get_field, parse_field_path
+from gatekeeper.status import status_body
 from gatekeeper.testing._errors import APIError, bad_request, conflict, field_invalid, invalid
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing.store import new_uid, now_timestamp
@@ -30,8 +31,13 @@ __all__ = [
 ]
 
 _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/rand
-_SYSTEM_META: Final = ("uid", "creationTimestamp", "generation", "deletionTimestamp",
-                       "deletionGracePeriodSeconds")
+_SYSTEM_META: Final = (
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
 
 
 def decode_object(body: bytes, kind: ServedKind) -> KubeObject:
@@ -96,12 +102,19 @@ def _namespace(kind: ServedKind, meta: dict[str, Any], namespace: str) -> str:
 
 
 def prepare_create(
-    kind: ServedKind, version: str, namespace: str, obj: KubeObject, *, reset_status: bool
+    kind: ServedKind,
+    version: str,
+    namespace: str,
+    obj: KubeObject,
+    *,
+    reset_status: bool,
+    seeding: bool = False,
 ) -> KubeObject:
     """The object to store for a create: system metadata set, name generated if asked.
 
     ``reset_status`` drops ``.status`` for kinds with a status subresource, as the
-    apiserver's strategies do on create (seeding through :meth:`APIServer.add` keeps it).
+    apiserver's strategies do on create. ``seeding`` (:meth:`APIServer.add`) keeps a given
+    uid, creationTimestamp, generation and deletion fields and ignores a resourceVersion.
     """
     out = copy.deepcopy(obj)
     meta = out.get("metadata")
@@ -111,33 +124,59 @@ def prepare_create(
     if not name and meta.get("generateName"):
         name = generate_name(str(meta["generateName"]))
     if not name:
-        cause = {"reason": "FieldValueRequired", "field": "metadata.name",
-                 "message": "Required value: name or generateName is required"}
+        cause = {
+            "reason": "FieldValueRequired",
+            "field": "metadata.name",
+            "message": "Required value: name or generateName is required",
+        }
         raise invalid(kind, "", [cause])
     _check_name(kind, name)
-    if meta.get("resourceVersion"):
-        raise APIError({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": "resourceVersion should not be set on objects to be created",
-                        "reason": "InternalError", "code": 500})
-    meta = {k: v for k, v in meta.items()
-            if k not in ("resourceVersion", "managedFields", "selfLink", *_SYSTEM_META)}
+    if meta.get("resourceVersion") and not seeding:
+        raise _internal_error("resourceVersion should not be set on objects to be created")
+    kept = {k: meta[k] for k in _SYSTEM_META if seeding and k in meta}
+    meta = {
+        k: v
+        for k, v in meta.items()
+        if k not in ("resourceVersion", "managedFields", "selfLink", *_SYSTEM_META)
+    }
     meta["name"] = name
     ns = _namespace(kind, meta, namespace)
     if ns:
         meta["namespace"] = ns
     else:
         meta.pop("namespace", None)
-    meta |= {"uid": new_uid(), "generation": 1, "creationTimestamp": now_timestamp()}
+    meta |= {"uid": new_uid(), "generation": 1, "creationTimestamp": now_timestamp()} | kept
     if reset_status and "status" in kind.subresources:
         out.pop("status", None)
     out["metadata"] = _ordered_meta(meta)
-    return {"kind": kind.kind, "apiVersion": kind.group_version(kind.versions[0]),
-            **{k: v for k, v in out.items() if k not in ("kind", "apiVersion")}}
+    return {
+        "kind": kind.kind,
+        "apiVersion": kind.group_version(kind.versions[0]),
+        **{k: v for k, v in out.items() if k not in ("kind", "apiVersion")},
+    }
 
 
-_META_ORDER: Final = ("name", "generateName", "namespace", "uid", "resourceVersion",
-                      "generation", "creationTimestamp", "deletionTimestamp",
-                      "deletionGracePeriodSeconds", "labels", "annotations")
+def _internal_error(message: str) -> APIError:
+    """500 as the apiserver wraps an error that is not an API status."""
+    body = status_body(
+        500, f"Internal error occurred: {message}", details={"causes": [{"message": message}]}
+    )
+    return APIError(body)
+
+
+_META_ORDER: Final = (
+    "name",
+    "generateName",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+)
 
 
 def _ordered_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -166,17 +205,31 @@ def _check_preconditions(kind: ServedKind, stored: KubeObject, meta: dict[str, A
     name = str(stored["metadata"]["name"])
     uid = meta.get("uid")
     if uid and uid != stored["metadata"].get("uid"):
-        raise conflict(kind, name, f"Precondition failed: UID in precondition: {uid}, UID in "
-                       f"object meta: {stored['metadata'].get('uid')}")
+        raise conflict(
+            kind,
+            name,
+            f"Precondition failed: UID in precondition: {uid}, UID in "
+            f"object meta: {stored['metadata'].get('uid')}",
+        )
     rv = meta.get("resourceVersion")
     if rv and rv != stored["metadata"].get("resourceVersion"):
-        raise conflict(kind, name, "the object has been modified; please apply your changes "
-                       "to the latest version and try again")
+        raise conflict(
+            kind,
+            name,
+            "the object has been modified; please apply your changes "
+            "to the latest version and try again",
+        )
 
 
 def prepare_update(
-    kind: ServedKind, version: str, namespace: str, name: str,
-    stored: KubeObject, body: KubeObject, *, subresource: str,
+    kind: ServedKind,
+    version: str,
+    namespace: str,
+    name: str,
+    stored: KubeObject,
+    body: KubeObject,
+    *,
+    subresource: str,
 ) -> KubeObject:
     """The object an update (or a patch's result) stores; equal to ``stored`` for a no-op.
 
@@ -188,8 +241,10 @@ def prepare_update(
     if not isinstance(meta, dict):
         meta = {}
     if meta.get("name", "") != name:
-        raise bad_request(f"the name of the object ({meta.get('name', '')}) does not match the "
-                          f"name on the URL ({name})")
+        raise bad_request(
+            f"the name of the object ({meta.get('name', '')}) does not match the "
+            f"name on the URL ({name})"
+        )
     _namespace(kind, meta, namespace)
     _check_preconditions(kind, stored, meta)
     if subresource == "status":
@@ -225,11 +280,17 @@ def check_delete_preconditions(kind: ServedKind, stored: KubeObject, options: Ku
     name = str(stored["metadata"]["name"])
     uid, rv = pre.get("uid"), pre.get("resourceVersion")
     if uid and uid != stored["metadata"].get("uid"):
-        raise conflict(kind, name, f"Precondition failed: UID in precondition: {uid}, UID in "
-                       f"object meta: {stored['metadata'].get('uid')}", by_kind=True)
+        raise conflict(
+            kind,
+            name,
+            f"Precondition failed: UID in precondition: {uid}, UID in "
+            f"object meta: {stored['metadata'].get('uid')}",
+            by_kind=True,
+        )
     if rv and rv != stored["metadata"].get("resourceVersion"):
         raise conflict(
-            kind, name,
+            kind,
+            name,
             f"the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion "
             f"in record ({stored['metadata'].get('resourceVersion')}). The object might have "
             "been modified",

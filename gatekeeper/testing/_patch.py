@@ -61,9 +61,7 @@ def parse_patch(content_type: str, body: bytes) -> tuple[str, Any]:
         raise bad_request(f"error decoding patch: {exc}") from exc
     if patch_type == JSON_PATCH:
         if not isinstance(doc, list) or not all(isinstance(op, dict) for op in doc):
-            raise bad_request(
-                "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
-            )
+            raise bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
     elif not isinstance(doc, dict):
         raise bad_request("json: cannot unmarshal the patch into an object")
     return patch_type, doc

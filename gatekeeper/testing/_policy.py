@@ -19,7 +19,7 @@ def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
     the selector names the policy gives) and immutable fields, as they are for ResourceSlices
     on a real apiserver; ``metadata.*`` paths are left to the built-in handling.
     """
-    from gatekeeper.policy.model import Scope
+    from gatekeeper.policy.model import Field, Scope
 
     served = []
     for spec in policy.kinds.values():
@@ -30,20 +30,29 @@ def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
             selectable[version] = {
                 key: paths[fld]
                 for fld, key in vspec.selectors.items()
-                if fld in paths and not key.startswith("metadata.")
+                if fld in paths
+                and not key.startswith("metadata.")
                 and not paths[fld].startswith("metadata.")
             }
+            # As on a real 1.36 apiserver (recordings 52/53): driver and node are immutable,
+            # the pool name is not.
             immutable[version] = tuple(
-                sorted(p for p in paths.values() if not p.startswith("metadata."))
+                sorted(
+                    path
+                    for fld, path in paths.items()
+                    if fld is not Field.POOL and not path.startswith("metadata.")
+                )
             )
-        served.append(ServedKind(
-            group=spec.group,
-            resource=spec.resource,
-            kind=spec.kind,
-            namespaced=spec.scope is Scope.NAMESPACED,
-            versions=tuple(sort_versions(list(spec.versions))),
-            selectable_fields=selectable,
-            immutable_fields=immutable,
-            subresources=tuple(sorted(spec.subresources)),
-        ))
+        served.append(
+            ServedKind(
+                group=spec.group,
+                resource=spec.resource,
+                kind=spec.kind,
+                namespaced=spec.scope is Scope.NAMESPACED,
+                versions=tuple(sort_versions(list(spec.versions))),
+                selectable_fields=selectable,
+                immutable_fields=immutable,
+                subresources=tuple(sorted(spec.subresources)),
+            )
+        )
     return tuple(served)

@@ -1,4 +1,4 @@
-"""Objects as they leave the embedded API server: plain JSON, ``Table`` or ``PartialObjectMetadata``.
+"""Objects as they leave the embedded API server: JSON, ``Table`` or ``PartialObjectMetadata``.
 
 Tables carry the apiserver's printer columns for ResourceSlices and ResourceClaims
 (recordings 29, 116); every other kind gets ``Name`` and ``Age`` (a deliberate difference:
@@ -59,15 +59,24 @@ def _claim_state(obj: KubeObject) -> str:
 
 _EXTRA_COLUMNS: dict[tuple[str, str], Sequence[tuple[str, str, Cell]]] = {
     ("resource.k8s.io", "resourceslices"): (
-        ("Node", "NodeName identifies the node which provides the resources in this pool.",
-         _path("spec", "nodeName")),
-        ("Driver", "Driver identifies the DRA driver providing the capacity information.",
-         _path("spec", "driver")),
+        (
+            "Node",
+            "NodeName identifies the node which provides the resources in this pool.",
+            _path("spec", "nodeName"),
+        ),
+        (
+            "Driver",
+            "Driver identifies the DRA driver providing the capacity information.",
+            _path("spec", "driver"),
+        ),
         ("Pool", "Name is used to identify the pool.", _path("spec", "pool", "name")),
     ),
     ("resource.k8s.io", "resourceclaims"): (
-        ("State", "A summary of the current state (allocated, pending, reserved, etc.).",
-         _claim_state),
+        (
+            "State",
+            "A summary of the current state (allocated, pending, reserved, etc.).",
+            _claim_state,
+        ),
     ),
 }
 
@@ -129,12 +138,22 @@ def _table(
     kind: ServedKind, objs: Sequence[KubeObject], list_meta: KubeObject, meta_version: str
 ) -> KubeObject:
     extra = _EXTRA_COLUMNS.get((kind.group, kind.resource), ())
-    columns = [{"name": "Name", "type": "string", "format": "name", "description": _NAME_DOC,
-                "priority": 0}]
-    columns += [{"name": name, "type": "string", "format": "", "description": doc, "priority": 0}
-                for name, doc, _ in extra]
-    columns.append({"name": "Age", "type": "string", "format": "", "description": _AGE_DOC,
-                    "priority": 0})
+    columns = [
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "description": _NAME_DOC,
+            "priority": 0,
+        }
+    ]
+    columns += [
+        {"name": name, "type": "string", "format": "", "description": doc, "priority": 0}
+        for name, doc, _ in extra
+    ]
+    columns.append(
+        {"name": "Age", "type": "string", "format": "", "description": _AGE_DOC, "priority": 0}
+    )
     rows = [
         {
             "cells": [(obj.get("metadata") or {}).get("name", "")]
@@ -186,6 +205,7 @@ def render_list(
         "kind": f"{kind.kind}List",
         "apiVersion": kind.group_version(version),
         "metadata": list_meta,
-        "items": [{k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
-                  for obj in objs],
+        "items": [
+            {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")} for obj in objs
+        ],
     }

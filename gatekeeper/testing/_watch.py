@@ -27,7 +27,7 @@ from gatekeeper.types import KubeObject
 __all__ = ["DEFAULT_WATCH_TIMEOUT", "convert_event", "serve_watch"]
 
 DEFAULT_WATCH_TIMEOUT = 1800
-"""Seconds a watch without ``timeoutSeconds`` lasts (the apiserver picks 30–60 minutes)."""
+"""Seconds a watch without ``timeoutSeconds`` lasts (the apiserver picks 30 to 60 minutes)."""
 
 _TICK = 0.5  # how often an idle watch checks for a vanished client
 
@@ -165,8 +165,16 @@ async def serve_watch(
             return response
         matches = matcher(target, opts)
         after_rv = await _initial(stream, store, target, opts, matches)
-        await _live(request, stream, watcher, store, opts, matches,
-                    after_rv=after_rv, bookmark_interval=bookmark_interval)
+        await _live(
+            request,
+            stream,
+            watcher,
+            store,
+            opts,
+            matches,
+            after_rv=after_rv,
+            bookmark_interval=bookmark_interval,
+        )
         if not _client_gone(request):
             await response.write_eof()
         return response

@@ -118,8 +118,9 @@ class APIServer:
             ssl_context.load_verify_locations(cafile=self.client_ca_file)
             if ssl_context.verify_mode == ssl.CERT_NONE:
                 ssl_context.verify_mode = ssl.CERT_OPTIONAL
-        runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=2.0,
-                               access_log=None)
+        runner = web.AppRunner(
+            self.app, handler_cancellation=True, shutdown_timeout=2.0, access_log=None
+        )
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
@@ -147,14 +148,19 @@ class APIServer:
         raise ValueError(f"{kind_name} {api_version!r} is not a served kind")
 
     def add(self, obj: KubeObject) -> KubeObject:
-        """Seed ``obj`` (uid, resourceVersion, creationTimestamp assigned; namespace from its
-        metadata, ``default`` if absent for a namespaced kind); returns the stored copy."""
+        """Seed ``obj`` directly (no HTTP); returns the stored copy.
+
+        A resourceVersion is assigned (one in ``obj`` is ignored); uid, creationTimestamp and
+        generation are assigned unless ``obj`` has them; ``.status`` is kept; the namespace
+        comes from the metadata (``default`` if absent for a namespaced kind). Watchers see
+        an ``ADDED`` event. ValueError if the kind is not served or the object exists.
+        """
         kind = self._kind_of(obj)
         version = str(obj["apiVersion"]).rpartition("/")[2]
         check_type_meta(obj, kind, version)
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         namespace = str(meta.get("namespace") or "default") if kind.namespaced else ""
-        prepared = prepare_create(kind, version, namespace, obj, reset_status=False)
+        prepared = prepare_create(kind, version, namespace, obj, reset_status=False, seeding=True)
         key = (kind.group, kind.resource)
         if self.store.get(key, object_key(prepared)) is not None:
             raise ValueError(f"{kind.resource} {object_key(prepared)} already exists")
@@ -176,13 +182,16 @@ class APIServer:
     # --- middlewares -------------------------------------------------------------------------
 
     @web.middleware
-    async def _journal_middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+    async def _journal_middleware(
+        self, request: web.Request, handler: _Handler
+    ) -> web.StreamResponse:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._record(request, b"")
-            return json_response(status_body(413, "Request entity too large: limit is 3145728"),
-                                 413)
+            return json_response(
+                status_body(413, "Request entity too large: limit is 3145728"), 413
+            )
         self._record(request, body)
         return await handler(request)
 
@@ -190,8 +199,15 @@ class APIServer:
         headers: dict[str, str] = {}
         for name, value in request.headers.items():
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        self.journal.append(JournalEntry(request.method, request.rel_url.raw_path,
-                                         request.rel_url.raw_query_string, headers, body))
+        self.journal.append(
+            JournalEntry(
+                request.method,
+                request.rel_url.raw_path,
+                request.rel_url.raw_query_string,
+                headers,
+                body,
+            )
+        )
 
     def _authenticated(self, request: web.Request) -> bool:
         if self.token is None:
@@ -211,7 +227,9 @@ class APIServer:
         return await handler(request)
 
     @web.middleware
-    async def _error_middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+    async def _error_middleware(
+        self, request: web.Request, handler: _Handler
+    ) -> web.StreamResponse:
         try:
             return await handler(request)
         except APIError as exc:
@@ -222,8 +240,10 @@ class APIServer:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         parts = request.path.split("/")[1:]
         if parts == [""]:
-            return _get_only(request, {"paths": ["/api", "/api/v1", "/apis", "/openapi/v2",
-                                                 "/openapi/v3", "/version"]})
+            return _get_only(
+                request,
+                {"paths": ["/api", "/api/v1", "/apis", "/openapi/v2", "/openapi/v3", "/version"]},
+            )
         if parts[0] == "api" and len(parts) > 2 and parts[1] == "v1":
             return await self._resource(request, "", "v1", parts[2:])
         if parts[0] == "apis" and len(parts) > 3:
@@ -234,8 +254,14 @@ class APIServer:
         self, request: web.Request, group: str, version: str, segments: list[str]
     ) -> web.StreamResponse:
         target = resolve_resource_path(group, version, segments, self._by_resource)
-        call = Call(request, self.store, target, await request.read(), self.rv_wait_seconds,
-                    self.bookmark_interval)
+        call = Call(
+            request,
+            self.store,
+            target,
+            await request.read(),
+            self.rv_wait_seconds,
+            self.bookmark_interval,
+        )
         return await handle_resource(call)
 
     def _discovery(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
@@ -252,8 +278,9 @@ class APIServer:
             aggregated = negotiate_discovery(accept)
             if aggregated is not None:
                 return _aggregated(request, kinds, core=parts == ["api"], version=aggregated)
-            doc = (disc.api_versions(request.host) if parts == ["api"]
-                   else disc.api_group_list(kinds))
+            doc = (
+                disc.api_versions(request.host) if parts == ["api"] else disc.api_group_list(kinds)
+            )
         elif parts == ["api", "v1"]:
             doc = disc.api_resource_list(kinds, "", "v1")
         elif parts[0] == "apis" and len(parts) == 2:
@@ -332,4 +359,3 @@ async def running_api_server(
         yield server
     finally:
         await server.close()
-

@@ -211,6 +211,13 @@ class Store:
         self._record(DELETED, resource, gone, prev)
         return gone
 
+    def advance_rv(self, rv: int) -> None:
+        """Move the resourceVersion counter forward to ``rv`` (as writes to resources this
+        store does not hold would); never backwards."""
+        if rv > self._rv:
+            self._rv = rv - 1
+            self._next_rv()
+
     def compact(self) -> None:
         """Forget all history: resourceVersions before now become too old."""
         self._history.clear()
@@ -289,4 +296,3 @@ class Store:
 def new_uid() -> str:
     """A fresh ``metadata.uid``."""
     return str(uuid.uuid4())
-

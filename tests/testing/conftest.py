@@ -90,20 +90,30 @@ def _cert(
         )
     if issuer is None:
         builder = builder.add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                          content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False, encipher_only=False,
-                          decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
     return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
 
 
 def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
-    path.with_suffix(".key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ))
+    path.with_suffix(".key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path
 
@@ -115,14 +125,21 @@ def tls_files(tmp_path: Path) -> TLSFiles:
     ca = _cert("embedded-apiserver-test-ca", ca_key, None)
     _write(tmp_path / "ca.crt", ca, ca_key)
     server_key, client_key, other_key = _key(), _key(), _key()
-    _write(tmp_path / "server.crt", _cert("127.0.0.1", server_key, (ca, ca_key), server=True),
-           server_key)
-    _write(tmp_path / "client.crt", _cert("admin", client_key, (ca, ca_key), client=True),
-           client_key)
+    _write(
+        tmp_path / "server.crt",
+        _cert("127.0.0.1", server_key, (ca, ca_key), server=True),
+        server_key,
+    )
+    _write(
+        tmp_path / "client.crt", _cert("admin", client_key, (ca, ca_key), client=True), client_key
+    )
     other_ca_key = _key()
     other_ca = _cert("another-ca", other_ca_key, None)
-    _write(tmp_path / "other.crt", _cert("intruder", other_key, (other_ca, other_ca_key),
-                                         client=True), other_key)
+    _write(
+        tmp_path / "other.crt",
+        _cert("intruder", other_key, (other_ca, other_ca_key), client=True),
+        other_key,
+    )
     return TLSFiles(
         ca=tmp_path / "ca.crt",
         server_cert=tmp_path / "server.crt",

@@ -1,0 +1,192 @@
+"""Audit benchmarks (DESIGN §5): the writer behind the proxy, and ``audit summarize`` speed.
+
+    .venv/bin/python bench/audit_bench.py [--requests N] [--concurrency C] [--events N]
+
+1. The writer alone: events/s from ``emit`` to the file, closed (everything on disk).
+2. Behind the proxy: small GETs through the gatekeeper (Unix socket, embedded API server on
+   loopback) with the audit log off and on; requests/s = audit events/s, and the difference.
+3. ``summarize`` on a generated log of ``--events`` events (default 1,000,000): seconds, events/s.
+Bounded loops, loopback only, temporary files removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gatekeeper.audit import AuditLevel, AuditSink, JsonLinesWriter, NullSink
+from gatekeeper.audit.reader import ReadStats, iter_events
+from gatekeeper.audit.summarize import summarize
+from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.policy import load_policy
+from gatekeeper.server import GatekeeperServer, socket_path
+from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.upstream import Upstream
+
+GPU, NIC, NODE, TOKEN = "gpu.example.com", "nic.example.com", "node-a", "bench-token"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PINNED = f"{SLICES}?fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
+
+
+def sample_event(index: int) -> dict[str, Any]:
+    """A realistic gatekeeper event (about 900 bytes as JSON)."""
+    refused = index % 7 == 0
+    verb = ("list", "watch", "create", "update", "get", "delete")[index % 6]
+    driver = (GPU, NIC)[index % 2]
+    return {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": "Metadata",
+        "auditID": f"00000000-0000-4000-8000-{index:012d}",
+        "stage": "ResponseComplete",
+        "requestURI": f"{SLICES}/node-a-slice-{index % 100}",
+        "verb": verb,
+        "user": {
+            "username": driver,
+            "groups": ["dra-gatekeeper:drivers"],
+            "extra": {
+                "authentication.kubernetes.io/node-name": [NODE],
+                "dra-gatekeeper.io/transport": ["unix"],
+                "dra-gatekeeper.io/peer-pid": [str(1000 + index % 50)],
+                "dra-gatekeeper.io/peer-uid": ["0"],
+                "dra-gatekeeper.io/peer-gid": ["0"],
+            },
+        },
+        "sourceIPs": [],
+        "userAgent": "gpu-kubeletplugin/v1.0.0 (linux/amd64) kubernetes/$Format",
+        "objectRef": {
+            "resource": "resourceslices",
+            "name": f"node-a-slice-{index % 100}",
+            "apiGroup": "resource.k8s.io",
+            "apiVersion": "v1",
+        },
+        "responseStatus": {"metadata": {}, "code": 403 if refused else 200},
+        "requestReceivedTimestamp": f"2025-06-01T10:{index // 60_000 % 60:02d}:"
+        f"{index // 1000 % 60:02d}.{index % 1000:03d}000Z",
+        "stageTimestamp": f"2025-06-01T10:{index // 60_000 % 60:02d}:"
+        f"{index // 1000 % 60:02d}.{index % 1000:03d}900Z",
+        "annotations": {
+            "authorization.k8s.io/decision": "forbid" if refused else "allow",
+            "authorization.k8s.io/reason": (
+                f'spec.pool.name "other-{index % 3}" is not prefixed by node name "node-a"'
+                if refused
+                else "object belongs to the driver on this node"
+            ),
+        },
+    }
+
+
+async def bench_writer(directory: Path, count: int) -> float:
+    writer = JsonLinesWriter(str(directory / "writer.log"))
+    events = [sample_event(i) for i in range(1000)]
+    start = time.perf_counter()
+    for index in range(count):
+        await writer.emit(events[index % 1000])
+    await writer.aclose()
+    return count / (time.perf_counter() - start)
+
+
+async def bench_proxy(
+    directory: Path, audit: AuditSink, requests: int, concurrency: int
+) -> tuple[float, float]:
+    """(requests/s through the gatekeeper, seconds) for ``requests`` small GETs."""
+    policy = load_policy(None).with_drivers(frozenset({GPU, NIC}))
+    upstream = APIServer(served_kinds(policy), token=TOKEN)
+    await upstream.start()
+    socket_dir = Path(tempfile.mkdtemp(prefix="gk-bench-", dir=directory))
+    server = GatekeeperServer(
+        policy=policy,
+        node_name=NODE,
+        upstream=Upstream(UpstreamConfig(server=upstream.url, token=TOKEN)),
+        audit=audit,
+        audit_level=AuditLevel.METADATA,
+        socket_dir=socket_dir,
+    )
+    await server.start()
+    connector = aiohttp.UnixConnector(path=str(socket_path(socket_dir, GPU)), limit=concurrency)
+    try:
+        async with aiohttp.ClientSession("http://localhost", connector=connector) as session:
+
+            async def worker(share: int) -> None:
+                for index in range(share):
+                    path = PINNED if index % 2 else "/version"
+                    async with session.get(path) as response:
+                        await response.read()
+                        assert response.status == 200, response.status
+
+            await worker(10)  # warm up (connections, caches)
+            upstream.journal.clear()
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+            elapsed = time.perf_counter() - start
+    finally:
+        await server.stop()  # closes (flushes) the audit sink
+        await upstream.close()
+    done = requests // concurrency * concurrency
+    return done / elapsed, elapsed
+
+
+def write_log(path: Path, count: int) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for start in range(0, count, 10_000):
+            handle.write(
+                "".join(
+                    json.dumps(sample_event(i), separators=(",", ":")) + "\n"
+                    for i in range(start, min(count, start + 10_000))
+                )
+            )
+
+
+def bench_summarize(path: Path, count: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    stats = ReadStats()
+    summary = summarize(iter_events([str(path)], stats), {})
+    elapsed = time.perf_counter() - start
+    assert summary.requests == count == stats.events, (summary.requests, stats.events)
+    return elapsed, count / elapsed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--writer-events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="gk-audit-bench-"))
+    try:
+        rate = await bench_writer(directory, args.writer_events)
+        print(f"writer alone: {args.writer_events} events, {rate:,.0f} events/s (to disk)")
+        plain, _ = await bench_proxy(directory, NullSink(), args.requests, args.concurrency)
+        audited_log = directory / "proxy-audit.log"
+        writer = JsonLinesWriter(str(audited_log))
+        audited, _ = await bench_proxy(directory, writer, args.requests, args.concurrency)
+        lines = audited_log.read_bytes().count(b"\n")
+        print(
+            f"behind the proxy (c={args.concurrency}, small GETs): no audit {plain:,.0f} req/s; "
+            f"audit to file {audited:,.0f} req/s = events/s ({lines} lines, "
+            f"{writer.stats.backpressure_waits} backpressure waits, "
+            f"{writer.stats.write_errors} write errors); overhead {1 - audited / plain:.1%}"
+        )
+        log = directory / "summarize.log"
+        write_log(log, args.events)
+        size_mb = log.stat().st_size / 1e6
+        seconds, per_second = bench_summarize(log, args.events)
+        print(
+            f"summarize: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
+            f"= {per_second:,.0f} events/s"
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
