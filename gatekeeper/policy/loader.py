@@ -13,7 +13,9 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.jsonpath import FieldPath, parse_field_path
 from gatekeeper.policy.model import (
     ALL_VERBS,
+    ALLOCATED_VERBS,
     ANY_DRIVER,
+    AllocationPaths,
     Field,
     KindRule,
     KindSpec,
@@ -46,6 +48,16 @@ _KIND_KEYS = {
     "fill",
 }
 _VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors"}
+# AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
+# field names are compiled in as defaults).
+_ALLOCATION_KEYS = {
+    "results": "results",
+    "resultDriver": "result_driver",
+    "nodeSelector": "node_selector",
+    "devices": "devices",
+    "deviceDriver": "device_driver",
+}
+_NODE_LOCAL_ONLY = ("listSelector", "fill")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
 
@@ -173,14 +185,25 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
     if group and not _DNS_SUBDOMAIN.match(group):
         ctx.fail(_join(key, "group"), f"{group!r} is not a DNS subdomain")
     resource = ctx.string(kind["resource"], _join(key, "resource"), _RESOURCE)
-    verbs = frozenset(ctx.string_list(kind.get("verbs", sorted(ALL_VERBS)), _join(key, "verbs")))
+    rule = _enum(ctx, KindRule, kind["rule"], _join(key, "rule"))
+    allocated = rule is KindRule.ALLOCATED_TO_DRIVER
+    verbs_allowed = ALLOCATED_VERBS if allocated else ALL_VERBS
+    verbs = frozenset(
+        ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), _join(key, "verbs"))
+    )
     if unknown := verbs - ALL_VERBS:
         ctx.fail(_join(key, "verbs"), f"unknown verbs {sorted(unknown)}")
+    subresources = frozenset(
+        ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
+    )
+    if allocated:
+        _check_allocated(ctx, key, kind, verbs, subresources)
     versions_raw = kind["versions"]
     if not isinstance(versions_raw, dict) or not versions_raw:
         ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
+    parse_version = _parse_allocation_version if allocated else _parse_version
     versions = {
-        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): _parse_version(
+        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): parse_version(
             ctx, _join(key, f"versions.{name}"), spec
         )
         for name, spec in versions_raw.items()
@@ -194,17 +217,53 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
         resource=resource,
         kind=ctx.string(kind["kind"], _join(key, "kind"), _KIND),
         scope=_enum(ctx, Scope, kind["scope"], _join(key, "scope")),
-        rule=_enum(ctx, KindRule, kind["rule"], _join(key, "rule")),
+        rule=rule,
         versions=versions,
         verbs=verbs,
-        subresources=frozenset(
-            ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
-        ),
+        subresources=subresources,
         list_selector=_enum(
             ctx, ListSelectorMode, kind.get("listSelector", "Require"), _join(key, "listSelector")
         ),
         fill=fill,
     )
+
+
+def _check_allocated(
+    ctx: _Context,
+    key: str,
+    kind: Mapping[str, Any],
+    verbs: frozenset[str],
+    subresources: frozenset[str],
+) -> None:
+    """What rule AllocatedToDriver cannot mean: creating or deleting objects allocated by
+    someone else, or writing anything but their status."""
+    for name in _NODE_LOCAL_ONLY:
+        if name in kind:
+            ctx.fail(_join(key, name), "is not used by rule AllocatedToDriver")
+    if extra := verbs - ALLOCATED_VERBS:
+        ctx.fail(
+            _join(key, "verbs"),
+            f"rule AllocatedToDriver allows only {', '.join(sorted(ALLOCATED_VERBS))}, "
+            f"not {', '.join(sorted(extra))}",
+        )
+    if subresources - {"status"}:
+        ctx.fail(_join(key, "subresources"), "rule AllocatedToDriver allows only [status]")
+    if verbs & {"update", "patch"} and "status" not in subresources:
+        ctx.fail(
+            _join(key, "subresources"),
+            "rule AllocatedToDriver writes only through the status subresource: "
+            "list [status] or drop update/patch from verbs",
+        )
+
+
+def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+    spec = ctx.mapping(raw, key, set(_ALLOCATION_KEYS))
+    paths: dict[str, FieldPath] = {}
+    for name, attribute in _ALLOCATION_KEYS.items():
+        if name not in spec:
+            ctx.fail(_join(key, name), "is required (a JSON path) by rule AllocatedToDriver")
+        paths[attribute] = ctx.path(spec[name], _join(key, name))
+    return VersionSpec(paths={}, selectors={}, allocation=AllocationPaths(**paths))
 
 
 def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from gatekeeper.jsonpath import FieldPath
 
 __all__ = [
+    "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "AllocationPaths",
     "Field",
     "KindRule",
     "KindSpec",
@@ -24,6 +26,8 @@ ANY_DRIVER = "*"
 ALL_VERBS = frozenset(
     {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 )
+ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
+"""The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
 
 
 class Scope(enum.Enum):
@@ -36,9 +40,14 @@ class KindRule(enum.Enum):
 
     NODE_LOCAL: every object names its driver, its node and (optionally) a pool prefixed by
     the node name; a driver reads and writes only its own objects on this node.
+
+    ALLOCATED_TO_DRIVER: objects are allocated by someone else (the scheduler) to drivers and
+    nodes; a driver reads only objects with an allocation result of its own on this node, and
+    writes only its own entries of a status list, through the ``status`` subresource.
     """
 
     NODE_LOCAL = "NodeLocal"
+    ALLOCATED_TO_DRIVER = "AllocatedToDriver"
 
 
 class ListSelectorMode(enum.Enum):
@@ -57,8 +66,31 @@ class Field(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class AllocationPaths:
+    """Where one API version of an AllocatedToDriver kind keeps its allocation and status.
+
+    ``result_driver`` and ``device_driver`` are relative to one list entry.
+    """
+
+    results: FieldPath
+    """The list of allocation results (``status.allocation.devices.results``)."""
+    result_driver: FieldPath
+    """The driver of one result (``driver``)."""
+    node_selector: FieldPath
+    """The core/v1 NodeSelector saying where the allocation is usable."""
+    devices: FieldPath
+    """The per-device status list drivers write (``status.devices``)."""
+    device_driver: FieldPath
+    """The driver owning one status entry (``driver``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class VersionSpec:
-    """Where one API version keeps the ownership fields, and what it may not carry."""
+    """Where one API version keeps the ownership fields, and what it may not carry.
+
+    A NodeLocal kind fills ``paths``/``selectors``/``forbidden``; an AllocatedToDriver kind
+    fills ``allocation`` and leaves the others empty.
+    """
 
     paths: Mapping[Field, FieldPath]
     """JSON paths of driver, node and (optional) pool in objects of this version."""
@@ -66,6 +98,8 @@ class VersionSpec:
     """Field-selector keys that pin driver and node on list/watch/deletecollection."""
     forbidden: tuple[FieldPath, ...] = ()
     """Paths that must be absent (or null/false) on a written object."""
+    allocation: AllocationPaths | None = None
+    """Paths of an AllocatedToDriver kind (None for NodeLocal)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,157 @@
+"""`dra-gatekeeper serve`: everything checked before listening (exit 2, one line), then a real
+run over a Unix socket against the embedded API server, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from gatekeeper.testing import APIServer
+from tests.conftest import GPU, NODE_TOKEN
+
+SERVE = [sys.executable, "-m", "gatekeeper", "serve"]
+
+
+async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    return process.returncode or 0, err.decode()
+
+
+def kubeconfig(path: Path, server: str | None) -> str:
+    cluster = {"server": server} if server else {}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "k", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": NODE_TOKEN}}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param([], "--node-name (or env NODE_NAME) is required", id="no-node"),
+        pytest.param(["--node-name", "Bad_Node"], "is not a valid node name", id="bad-node"),
+        pytest.param(["--node-name", "n"], "no drivers are allowed", id="no-drivers"),
+        pytest.param(
+            ["--node-name", "n", "--driver", GPU], "at least one listener", id="no-listener"
+        ),
+        pytest.param(
+            ["--node-name", "n", "--driver", GPU, "--policy", "/nonexistent.yaml"],
+            "/nonexistent.yaml: cannot read policy",
+            id="missing-policy",
+        ),
+        pytest.param(
+            ["--node-name", "n", "--driver", GPU, "--listen", "127.0.0.1:1"],
+            "--listen needs --tls-cert-file",
+            id="listen-without-tls",
+        ),
+        pytest.param(
+            [
+                "--node-name",
+                "n",
+                "--driver",
+                GPU,
+                "--socket-dir",
+                "/tmp/x",
+                "--audit-level",
+                "Everything",
+            ],
+            "--audit-level",
+            id="bad-audit-level",
+        ),
+        pytest.param(["--bogus"], "unrecognized arguments", id="unknown-flag"),
+    ],
+)
+async def test_bad_configuration_exits_2_with_one_line(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    config = kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443")
+    code, err = await run(*SERVE, "--kubeconfig", config, *extra, env={"PATH": "/usr/bin"})
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+async def test_invalid_policy_and_kubeconfig_are_named(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("kinds:\n  - group: x\n    resurce: y\n")
+    args = ["--node-name", "n", "--driver", GPU, "--socket-dir", str(tmp_path)]
+    code, err = await run(
+        *SERVE,
+        *args,
+        "--policy",
+        str(policy),
+        "--kubeconfig",
+        kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443"),
+    )
+    assert code == 2 and f"{policy}: kinds[0].resurce: unknown key" in err
+    code, err = await run(*SERVE, *args, "--kubeconfig", kubeconfig(tmp_path / "kc2", None))
+    assert code == 2 and "server" in err and "kc2" in err
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_serve_runs_and_stops_on_sigterm(apiserver: APIServer, tmp_path: Path) -> None:
+    sockets = Path(tmp_path / "s")
+    health = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *SERVE,
+        "--node-name",
+        "node-a",
+        "--driver",
+        GPU,
+        "--socket-dir",
+        str(sockets),
+        "--kubeconfig",
+        kubeconfig(tmp_path / "kc", apiserver.url),
+        "--health-listen",
+        f"127.0.0.1:{health}",
+        "--audit-log",
+        str(tmp_path / "audit.log"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    path = sockets / GPU / "api.sock"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                try:
+                    ready = await session.get(f"http://127.0.0.1:{health}/readyz")
+                    if ready.status == 200:
+                        break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+            assert ready.status == 200
+        assert oct(path.stat().st_mode & 0o777) == "0o660"
+        connector = aiohttp.UnixConnector(path=str(path))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            response = await session.get("http://localhost/version")
+            assert response.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+    assert process.returncode == 0
+    assert not path.exists()
+    assert (tmp_path / "audit.log").read_text().count('"auditID"') >= 1
