@@ -1,4 +1,4 @@
-"""The ``dra-gatekeeper`` command line: serve, certs, demo."""
+"""The ``dra-gatekeeper`` command line: serve, demo, certs, audit."""
 
 from __future__ import annotations
 
@@ -50,12 +50,27 @@ def _parser() -> argparse.ArgumentParser:
         default="Metadata",
         help="Metadata, Request or RequestResponse (default Metadata)",
     )
+    serve.add_argument(
+        "--audit-log-maxsize",
+        type=int,
+        default=0,
+        help="rotate the audit log at this many MB (default 0: never)",
+    )
+    serve.add_argument(
+        "--audit-log-maxbackup",
+        type=int,
+        default=0,
+        help="rotated audit logs to keep (default 0: all)",
+    )
     serve.add_argument("--health-listen", help="HOST:PORT for /healthz and /readyz")
     commands.add_parser("demo", help="embedded API server + gatekeeper, ready to try")
-    certs = commands.add_parser(
-        "certs", help="create a CA and issue driver/server certificates", add_help=False
-    )
-    certs.add_argument("args", nargs=argparse.REMAINDER)
+    for name, text in (
+        ("certs", "create a CA and issue driver/server certificates"),
+        ("audit", "summarize, check or generate a policy from audit logs"),
+    ):
+        commands.add_parser(name, help=text, add_help=False).add_argument(
+            "args", nargs=argparse.REMAINDER
+        )
     return parser
 
 
@@ -70,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gatekeeper.certs import run_certs_command
 
         return run_certs_command(args[1:])
+    if args[:1] == ["audit"]:
+        from gatekeeper.audit.cli import run_audit_command
+
+        return run_audit_command(args[1:])
     namespace = _parser().parse_args(args)
     try:
         if namespace.command == "serve":
@@ -102,7 +121,15 @@ def _serve(ns: argparse.Namespace) -> int:
         environ=os.environ,
     )
     try:
-        audit = JsonLinesWriter(config.audit_log) if config.audit_log else NullSink()
+        audit = (
+            JsonLinesWriter(
+                config.audit_log,
+                max_size_mb=ns.audit_log_maxsize,
+                max_backups=ns.audit_log_maxbackup,
+            )
+            if config.audit_log
+            else NullSink()
+        )
     except OSError as exc:
         raise ConfigError(f"--audit-log {config.audit_log}: {exc.strerror}") from exc
     server = GatekeeperServer(

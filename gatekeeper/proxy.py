@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from gatekeeper.audit import (
 from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
 from gatekeeper.flow import Flow
 from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
 from gatekeeper.identity import identify
@@ -147,6 +149,13 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         token=upstream.token(),
         content_type=None if payload is None else decision.media_type,
     )
+    watch_state: WatchFilter | None = None
+    if decision.filter is not None:
+        # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+        # a Table or metadata-only answer cannot be, so it is never asked for.
+        headers["Accept"] = PLAIN_JSON
+        if flow.long_running:
+            watch_state = await prime_watch(upstream, target, decision.filter)
     async with upstream.request(
         target.method, target.target, headers, payload, long_running=flow.long_running
     ) as upstream_response:
@@ -173,13 +182,18 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
                 capture.feed(chunk)
                 await response.write(chunk)
         else:
+            chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
+            if decision.filter is not None:
+                chunks = await scoped_chunks(
+                    target, upstream_response.content, decision.filter, watch_state
+                )
             await response.prepare(request)
             flow.response_started = datetime.now(UTC)
             if flow.long_running:
                 hint = client_audit_id(request.headers)
                 event = build_event(flow, gk.audit_level, STAGE_STARTED, client_audit_id=hint)
                 await gk.audit.emit(event)
-            async for chunk in upstream_response.content.iter_any():
+            async for chunk in chunks:
                 capture.feed(chunk)
                 await response.write(chunk)
         await response.write_eof()

@@ -19,6 +19,8 @@ __all__ = ["SOCKET_NAME", "GatekeeperServer", "socket_path"]
 log = logging.getLogger("gatekeeper.server")
 
 SOCKET_NAME = "api.sock"
+# Many drivers reconnecting at once (a node reboot) overflow the default backlog of 128.
+_BACKLOG = 1024
 
 
 def socket_path(socket_dir: Path, driver: str) -> Path:
@@ -70,7 +72,7 @@ class GatekeeperServer:
             await self._start_sockets(runner, self._socket_dir)
         if self._listen is not None:
             host, port = self._listen
-            site = web.TCPSite(runner, host, port, ssl_context=self._listen_ssl)
+            site = web.TCPSite(runner, host, port, ssl_context=self._listen_ssl, backlog=_BACKLOG)
             await site.start()
             self.tls_port = _bound_port(site)
             log.info("listening mtls=%s:%s", host, self.tls_port)
@@ -87,7 +89,7 @@ class GatekeeperServer:
         if self._socket_dir is not None:
             for path in self.gatekeeper.socket_drivers:
                 Path(path).unlink(missing_ok=True)
-        self.audit.close()
+        await self.audit.aclose()
 
     async def _start_sockets(self, runner: web.AppRunner, socket_dir: Path) -> None:
         drivers = sorted(self.gatekeeper.engine.policy.drivers)
@@ -95,7 +97,7 @@ class GatekeeperServer:
             path = socket_path(socket_dir, driver)
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             path.unlink(missing_ok=True)
-            site = web.UnixSite(runner, str(path))
+            site = web.UnixSite(runner, str(path), backlog=_BACKLOG)
             await site.start()
             os.chmod(path, 0o660)
             # The accepted socket reports the listening path as its sockname: that is the identity.

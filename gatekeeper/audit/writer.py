@@ -30,10 +30,11 @@ _RETRY_MIN, _RETRY_MAX = 0.05, 5.0
 
 
 class AuditSink(Protocol):
-    """Where events go. ``emit`` may wait for room; ``close`` flushes everything."""
+    """Where events go. ``emit`` may wait for room; ``close``/``aclose`` flush everything."""
 
     async def emit(self, event: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
+    async def aclose(self) -> None: ...
 
 
 class NullSink:
@@ -43,6 +44,9 @@ class NullSink:
         return None
 
     def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 
@@ -80,6 +84,7 @@ class _BoundedQueue:
                 if len(self._items) == 1 or len(self._items) == _COALESCE:
                     self._cond.notify()
                 return None
+            self._cond.notify()  # full: the writer must not linger coalescing
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, future))

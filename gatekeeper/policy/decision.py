@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.types import KubeObject
 
 __all__ = ["Decision", "allow", "deny", "forbid"]
 
@@ -29,12 +30,28 @@ class Decision:
     media_type: str = "application/json"
     """Content type of the forwarded ``body`` (a patch keeps its own)."""
     details: Mapping[str, str] = field(default_factory=dict)
+    filter: Callable[[KubeObject], bool] | None = None
+    """For reads of a kind scoped object by object (DESIGN §4.3): the pure predicate an object
+    of the response must pass to reach the driver. The proxy asks the upstream for plain JSON
+    and applies it to the object, the list items or each watch event; None passes all."""
 
 
 def allow(
-    reason: str, target: RequestInfo, body: Any = None, media_type: str = "application/json"
+    reason: str,
+    target: RequestInfo,
+    body: Any = None,
+    media_type: str = "application/json",
+    *,
+    filter: Callable[[KubeObject], bool] | None = None,
 ) -> Decision:
-    return Decision(allowed=True, reason=reason, target=target, body=body, media_type=media_type)
+    return Decision(
+        allowed=True,
+        reason=reason,
+        target=target,
+        body=body,
+        media_type=media_type,
+        filter=filter,
+    )
 
 
 def deny(code: int, reason: str, message: str | None = None, **details: str) -> Decision:

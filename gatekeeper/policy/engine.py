@@ -6,15 +6,33 @@ same code. The proxy asks :meth:`Engine.lookup` what to fetch, then calls :meth:
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
 from gatekeeper.identity import Identity
 from gatekeeper.jsonpath import get_field
+from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
 from gatekeeper.policy.decision import Decision, allow, deny, forbid
-from gatekeeper.policy.model import Field, KindSpec, ListSelectorMode, Policy, Scope, VersionSpec
+from gatekeeper.policy.integrity import (
+    body_shape,
+    not_found,
+    patch_resource_version,
+    pin_delete,
+    pin_resource_version,
+    stale_conflict,
+)
+from gatekeeper.policy.model import (
+    Field,
+    KindRule,
+    KindSpec,
+    ListSelectorMode,
+    Policy,
+    Scope,
+    VersionSpec,
+)
+from gatekeeper.policy.nodeselector import node_labels_with_hostname
 from gatekeeper.policy.ownership import fill_missing, ownership_violation
 from gatekeeper.policy.patching import (
     APPLY,
@@ -40,10 +58,15 @@ _OPEN_PATHS = frozenset({"/api", "/api/v1", "/apis", "/version", "/openapi/v2", 
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """Decisions for one node under one policy."""
+    """Decisions for one node under one policy.
+
+    ``node_labels`` are the node's labels as far as they are known (``kubernetes.io/hostname``
+    defaults to the node name); node selectors of allocations are matched against them.
+    """
 
     policy: Policy
     node_name: str
+    node_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def lookup(self, identity: Identity, info: RequestInfo) -> str | None:
         """The path of the stored object to fetch before deciding, or None.
@@ -67,8 +90,10 @@ class Engine:
         screened = self._screen(identity, info)
         if isinstance(screened, Decision):
             return False
-        _, version = screened
+        kind, version = screened
         driver = identity.driver
+        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
+            return self._scope(driver, version)(current)
         return ownership_violation(version, current, driver, self.node_name, stored=True) is None
 
     def decide(
@@ -92,6 +117,11 @@ class Engine:
             return screened
         kind, version = screened
         driver = identity.driver
+        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
+            scope = self._scope(driver, version)
+            return decide_allocated(
+                scope, info, kind, body, current, media_type=media_type, proposed=proposed
+            )
         if info.verb in _COLLECTION_VERBS:
             return self._pin_selector(driver, info, kind, version)
         if info.verb == "create":
@@ -99,7 +129,7 @@ class Engine:
         if current is None and info.verb == "patch" and media_type == APPLY:
             return self._apply_create(driver, info, kind, version, body)
         if current is None:
-            return _not_found(info, kind)
+            return not_found(info, kind)
         if problem := ownership_violation(version, current, driver, self.node_name, stored=True):
             return forbid(driver, info, problem)
         if info.verb == "get":
@@ -107,7 +137,7 @@ class Engine:
         if info.verb == "update":
             return self._write(driver, info, kind, version, body, current=current)
         if info.verb == "delete":
-            return _pin_delete(info, kind, body, current)
+            return pin_delete(info, kind, body, current)
         if info.verb == "patch":
             return self._patch(driver, info, kind, version, body, current, media_type, proposed)
         return forbid(
@@ -164,7 +194,14 @@ class Engine:
             return forbid(driver, info, f'subresource "{info.subresource}" is not in the policy')
         if info.verb not in kind.verbs:
             return forbid(driver, info, f"verb {info.verb} is not allowed on {kind.qualified}")
+        if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (why := request_refusal(info)):
+            return forbid(driver, info, why)
         return None
+
+    def _scope(self, driver: str, version: VersionSpec) -> AllocationScope:
+        assert version.allocation is not None  # the loader sets it for this rule
+        labels = node_labels_with_hostname(self.node_name, self.node_labels)
+        return AllocationScope(version.allocation, driver, self.node_name, labels)
 
     def _pin_selector(
         self, driver: str, info: RequestInfo, kind: KindSpec, version: VersionSpec
@@ -212,14 +249,14 @@ class Engine:
         proposed: KubeObject | None,
     ) -> Decision:
         stored_rv = str(current.get("metadata", {}).get("resourceVersion", ""))
-        if conflict := _stale(info, kind, _patch_resource_version(patch), stored_rv):
+        if conflict := stale_conflict(info, kind, patch_resource_version(patch), stored_rv):
             return conflict
         try:
             result = proposed or patched_object(media_type, current, patch)
             pinned = pin_patch(media_type, patch, stored_rv)
         except PatchError as exc:
             return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
-        if refusal := _body_shape(info, kind, result):
+        if refusal := body_shape(info, kind, result):
             return refusal
         if problem := ownership_violation(version, result, driver, self.node_name):
             return forbid(driver, info, f"after the patch, {problem}")
@@ -249,7 +286,7 @@ class Engine:
         *,
         current: KubeObject | None,
     ) -> Decision:
-        if refusal := _body_shape(info, kind, body):
+        if refusal := body_shape(info, kind, body):
             return refusal
         assert body is not None
         body = fill_missing(kind, version, body, driver, self.node_name)
@@ -259,108 +296,9 @@ class Engine:
         if current is not None:
             stored_rv = str(current.get("metadata", {}).get("resourceVersion", ""))
             asked = get_field(body, ("metadata", "resourceVersion"))
-            if conflict := _stale(info, kind, asked if isinstance(asked, str) else "", stored_rv):
+            if conflict := stale_conflict(
+                info, kind, asked if isinstance(asked, str) else "", stored_rv
+            ):
                 return conflict
-            body = _pin_resource_version(body, stored_rv)
+            body = pin_resource_version(body, stored_rv)
         return allow("object belongs to the driver on this node", info, body)
-
-
-def _body_shape(info: RequestInfo, kind: KindSpec, body: KubeObject | None) -> Decision | None:
-    if not isinstance(body, dict):
-        return deny(400, f"{info.verb} of {kind.qualified} needs a JSON object body")
-    expected = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
-    if body.get("apiVersion") != expected or body.get("kind") != kind.kind:
-        return deny(
-            400,
-            f'body apiVersion/kind "{body.get("apiVersion")}"/"{body.get("kind")}" does not match '
-            f'the URL ("{expected}"/"{kind.kind}")',
-        )
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        return deny(400, "metadata must be an object")
-    metadata = metadata or {}
-    namespace = metadata.get("namespace")
-    if namespace and namespace != info.namespace:
-        return deny(
-            400,
-            "the namespace of the provided object does not match the namespace sent on the request",
-        )
-    if info.name and metadata.get("name") != info.name:
-        return deny(
-            400,
-            f"the name of the object ({metadata.get('name')}) does not match the name on the URL "
-            f"({info.name})",
-        )
-    return None
-
-
-def _pin_resource_version(body: KubeObject, resource_version: str) -> KubeObject:
-    # SECURITY: DESIGN §4.4 — the check ran against the stored object; pinning its
-    # resourceVersion makes a concurrent change fail with 409 instead of slipping past the check.
-    if get_field(body, ("metadata", "resourceVersion")) == resource_version:
-        return body
-    pinned = copy.deepcopy(body)
-    pinned.setdefault("metadata", {})["resourceVersion"] = resource_version
-    return pinned
-
-
-def _patch_resource_version(patch: Any) -> str:
-    if isinstance(patch, dict) and isinstance(patch.get("metadata"), dict):
-        value = patch["metadata"].get("resourceVersion")
-        return value if isinstance(value, str) else ""
-    return ""
-
-
-def _stale(info: RequestInfo, kind: KindSpec, asked: str, stored: str) -> Decision | None:
-    """409 when the client's resourceVersion is not the one the decision was made on.
-
-    Forwarding it would let the write land on a version the gatekeeper never checked.
-    """
-    if not asked or asked == stored:
-        return None
-    return deny(
-        409,
-        "resourceVersion does not match the stored object",
-        f'Operation cannot be fulfilled on {kind.qualified} "{info.name}": the object has been '
-        "modified; please apply your changes to the latest version and try again",
-        group=kind.group,
-        kind=kind.resource,
-        name=info.name,
-    )
-
-
-def _pin_delete(
-    info: RequestInfo, kind: KindSpec, body: KubeObject | None, current: KubeObject
-) -> Decision:
-    meta = current.get("metadata", {})
-    options = copy.deepcopy(body) if isinstance(body, dict) else {}
-    options.setdefault("kind", "DeleteOptions")
-    options.setdefault("apiVersion", "v1")
-    preconditions = options.get("preconditions") or {}
-    if not isinstance(preconditions, dict):
-        return deny(400, "DeleteOptions.preconditions must be an object")
-    for key, stored in (("uid", meta.get("uid")), ("resourceVersion", meta.get("resourceVersion"))):
-        asked = preconditions.get(key)
-        if asked not in (None, "") and asked != stored:
-            label = "UID" if key == "uid" else "ResourceVersion"
-            return deny(
-                409,
-                "delete precondition does not match the stored object",
-                f'Operation cannot be fulfilled on {kind.qualified} "{info.name}": Precondition '
-                f"failed: {label} in precondition: {asked}, {label} in object meta: {stored}",
-            )
-        preconditions[key] = stored
-    options["preconditions"] = preconditions
-    # SECURITY: DESIGN §4.4 — the delete lands only on the object that was checked.
-    return allow("stored object belongs to the driver on this node", info, options)
-
-
-def _not_found(info: RequestInfo, kind: KindSpec) -> Decision:
-    return deny(
-        404,
-        "object not found",
-        f'{kind.qualified} "{info.name}" not found',
-        group=kind.group,
-        kind=kind.resource,
-        name=info.name,
-    )

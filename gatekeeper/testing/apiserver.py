@@ -66,7 +66,8 @@ class APIServer:
 
     With TLS and ``client_ca_file``, a client certificate verified against that CA also
     authenticates. ``rv_wait_seconds`` is how long a list at a future resourceVersion waits
-    before 504 (the apiserver: 3 s); ``bookmark_interval`` spaces watch bookmarks.
+    before 504 (the apiserver: 3 s); ``bookmark_interval`` spaces watch bookmarks;
+    ``journal`` keeps the last ``journal_limit`` requests.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class APIServer:
         self.client_ca_file = client_ca_file
         self.store = Store(self._by_resource)
         self.journal: list[JournalEntry] = []
+        self.journal_limit = 100_000
         self.rv_wait_seconds = 3.0
         self.bookmark_interval = 1.0
         self.url = ""
@@ -208,6 +210,8 @@ class APIServer:
                 body,
             )
         )
+        if len(self.journal) > self.journal_limit:  # bounded for long-running demos
+            del self.journal[: len(self.journal) - self.journal_limit]
 
     def _authenticated(self, request: web.Request) -> bool:
         if self.token is None:

@@ -16,7 +16,7 @@ __all__ = ["SA_GPU", "SA_NIC", "apiserver_event", "record_run", "write_apiserver
 
 SA_GPU = "system:serviceaccount:gpu-system:gpu-driver"
 SA_NIC = "system:serviceaccount:nic-system:nic-driver"
-POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
+WIDGETS = "/apis/example.com/v1/nodewidgets"  # a kind no policy knows yet
 
 
 async def record_run(audited: Audited, apiserver: APIServer) -> Path:
@@ -115,12 +115,12 @@ def apiserver_event(
     return event
 
 
-def pool_body(name: str, driver: str = GPU, node: str = NODE) -> dict[str, Any]:
+def widget_body(name: str, driver: str = GPU, node: str = NODE) -> dict[str, Any]:
     return {
-        "apiVersion": "devmgmtproto.k8s.io/v1alpha1",
-        "kind": "DevicePool",
-        "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node, "devices": []},
+        "apiVersion": "example.com/v1",
+        "kind": "NodeWidget",
+        "metadata": {"name": name, "labels": {"tier": "gpu"}},
+        "spec": {"owner": {"driverName": driver}, "node": node, "size": "large"},
     }
 
 
@@ -136,8 +136,8 @@ def write_apiserver_log(path: Path) -> Path:
         apiserver_event("list", SLICES, SA_GPU, index=3),
         apiserver_event("create", SLICES, SA_GPU, code=201, index=4,
                         request_object=slice_body(name="node-b-gpu", node="node-b", pool="node-b")),
-        apiserver_event("create", POOLS, SA_NIC, code=201, index=5,
-                        request_object=pool_body("node-a-nics", driver=NIC)),
+        apiserver_event("create", WIDGETS, SA_NIC, code=201, index=5,
+                        request_object=widget_body("node-a-widget", driver=NIC)),
         apiserver_event("get", "/api/v1/nodes/node-a", "system:node:node-a", index=6),
         apiserver_event("get", "/apis/resource.k8s.io/v1", SA_GPU, index=7),
     ]  # fmt: skip

@@ -93,15 +93,31 @@ async def test_check_same_policy_changes_nothing(
     assert "1 skipped: refused before, allowed now only if the object is the caller's" in out
 
 
+SLICES_ONLY = """
+apiVersion: gatekeeper.dra.k8s.io/v1alpha1
+kind: Policy
+drivers: [gpu.example.com, nic.example.com]
+kinds:
+  - group: resource.k8s.io
+    resource: resourceslices
+    kind: ResourceSlice
+    scope: Cluster
+    rule: NodeLocal
+    versions:
+      {version}:
+        driver: spec.driver
+        node: spec.nodeName
+{pool}
+"""
+POOL_LINE = "        pool: spec.pool.name"
+
+
 async def test_check_finds_newly_refused_requests(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The same kind, but only v1beta2 and no deletes: every v1 request and the delete change.
-    text = Path(DEFAULT).read_text().replace("      v1: *slice-spec\n", "")
-    text = text.replace("    listSelector: Require\n", "    listSelector: Require\n"
-                        "    verbs: [get, list, watch, create, update, patch]\n")  # fmt: skip
-    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text),
-                       "--driver", GPU, "--driver", NIC, str(recorded))  # fmt: skip
+    # Slices only in v1beta2: every v1 slice request of the run would now be refused.
+    text = SLICES_ONLY.format(version="v1beta2", pool=POOL_LINE)
+    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text), str(recorded))
     assert code == 1
     changed = [line for line in out.splitlines() if line.startswith("ALLOW -> FORBID")]
     assert len(changed) == 7  # list, watch, create, update, patch, get, delete of v1
@@ -114,9 +130,8 @@ async def test_check_finds_newly_allowed_requests(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Without the pool rule the refused create (pool "other-gpus") would pass.
-    text = Path(DEFAULT).read_text().replace("        pool: spec.pool.name\n", "")
-    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text),
-                       "--driver", GPU, "--driver", NIC, str(recorded))  # fmt: skip
+    text = SLICES_ONLY.format(version="v1", pool="")
+    code, out, _ = run(capsys, "check", "--policy", policy_file(tmp_path, text), str(recorded))
     assert code == 0
     (changed,) = [line for line in out.splitlines() if "->" in line]
     assert changed.startswith("FORBID -> ALLOW") and "create /apis/resource.k8s.io" in changed
@@ -135,7 +150,7 @@ def test_check_a_kube_apiserver_log_with_driver_user(
     assert len(changed) == 3
     assert "list /apis/resource.k8s.io/v1/resourceslices  (403: list requires" in changed[0]
     assert 'spec.nodeName "node-b"' in changed[1]
-    assert "devicepools" in changed[2] and "does not allow this resource" in changed[2]
+    assert "nodewidgets" in changed[2] and "does not allow this resource" in changed[2]
     assert "1 skipped: user not mapped to a driver" in out
 
 
@@ -175,11 +190,14 @@ def test_generate_round_trips_on_a_kube_apiserver_log(
     assert code == 0
     out_path = Path(policy_file(tmp_path, text))
     policy = load_policy(str(out_path))
-    pools = policy.kind_for("devmgmtproto.k8s.io", "devicepools")
-    assert pools is not None and pools.kind == "DevicePool"  # paths inferred from the objects
-    assert [".".join(p) for p in pools.versions["v1alpha1"].paths.values()] == [
-        "spec.driver", "spec.nodeName", "metadata.name"
-    ]  # fmt: skip
+    widgets = policy.kind_for("example.com", "nodewidgets")
+    assert widgets is not None and widgets.kind == "NodeWidget"  # inferred from the objects
+    paths = {f.value: ".".join(p) for f, p in widgets.versions["v1"].paths.items()}
+    assert paths == {
+        "driver": "spec.owner.driverName",
+        "node": "spec.node",
+        "pool": "metadata.name",
+    }
     slices = policy.kind_for("resource.k8s.io", "resourceslices")
     assert slices is not None and slices.list_selector.value == "Inject"  # an unpinned list
     code, out, _ = run(capsys, "check", "--policy", str(out_path), *users, str(log))

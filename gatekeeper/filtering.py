@@ -1,0 +1,233 @@
+"""Responses of kinds scoped object by object (ResourceClaims): filtered before the driver sees
+them (DESIGN §4.3). The engine's Decision carries the pure predicate; this module applies it.
+
+- get: the object, or 404 when it is out of scope (existence is not revealed);
+- list: the items in scope (the list is parsed in memory, up to :data:`MAX_FILTERED_BODY`;
+  ``remainingItemCount`` is dropped, as it counts hidden objects);
+- watch: event by event, line by line (at most :data:`MAX_WATCH_LINE` bytes per event). An
+  object that leaves scope is sent once as ``DELETED`` (metadata only), one that enters it as
+  ``ADDED``; ``BOOKMARK`` and ``ERROR`` pass.
+
+The upstream is always asked for plain JSON: a ``Table`` or ``PartialObjectMetadata`` lacks
+what the scope needs, so it is never passed on unfiltered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.status import status_body
+from gatekeeper.types import KubeObject
+from gatekeeper.upstream import Upstream
+
+__all__ = [
+    "MAX_FILTERED_BODY",
+    "MAX_WATCH_LINE",
+    "PLAIN_JSON",
+    "WatchFilter",
+    "prime_watch",
+    "scoped_chunks",
+]
+
+PLAIN_JSON = "application/json"
+MAX_FILTERED_BODY = 64 * 1024 * 1024
+"""A filtered get or list is parsed in memory up to this size (else 502: page with limit=)."""
+MAX_WATCH_LINE = 8 * 1024 * 1024
+"""One watch event (one line) at most; an object is at most ~1.5 MiB in etcd."""
+
+Keep = Callable[[KubeObject], bool]
+_Key = tuple[str, str]
+_PASSED = frozenset({"BOOKMARK", "ERROR"})
+_TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
+
+
+class WatchFilter:
+    """Per-watch state: which objects the driver has been shown as in scope."""
+
+    def __init__(self, keep: Keep, shown: set[_Key] | None = None) -> None:
+        self.keep = keep
+        self.shown: set[_Key] = shown or set()
+        """(namespace, name) of every object the client holds as in scope."""
+
+    def event(self, event: Any) -> Any | None:
+        """The event to send for upstream ``event`` (maybe retyped), or None to drop it."""
+        if not isinstance(event, dict):
+            return None
+        kind, obj = event.get("type"), event.get("object")
+        if kind in _PASSED:
+            return event
+        if kind not in ("ADDED", "MODIFIED", "DELETED") or not isinstance(obj, dict):
+            return None  # fail closed on anything this filter does not understand
+        key = _key(obj)
+        inside = self.keep(obj)
+        was_shown = key in self.shown
+        if kind == "DELETED":
+            self.shown.discard(key)
+            if inside:
+                return event
+            return {"type": "DELETED", "object": _stub(obj)} if was_shown else None
+        if inside:
+            self.shown.add(key)
+            return event if was_shown else {"type": "ADDED", "object": obj}
+        if was_shown:
+            # SECURITY: DESIGN §4.3 — the object left scope: the client drops it, and sees
+            # nothing of its new state.
+            self.shown.discard(key)
+            return {"type": "DELETED", "object": _stub(obj)}
+        return None
+
+
+async def scoped_chunks(
+    info: RequestInfo, content: aiohttp.StreamReader, keep: Keep, state: WatchFilter | None
+) -> AsyncIterator[bytes]:
+    """The filtered body of a successful upstream answer, as chunks to write.
+
+    A get or list is read and filtered now (so an out-of-scope get can still become a 404);
+    a watch is filtered as it streams. Raises :class:`Refusal` (404) or :class:`UpstreamError`.
+    """
+    if info.method == "HEAD":
+        return _chunks([])
+    if info.verb == "watch":
+        return _watch(content, state or WatchFilter(keep))
+    document = await _read_json(content, "response")
+    if info.verb == "get":
+        if not keep(document):
+            raise _not_found(info)
+        return _chunks([_dump(document)])
+    items = document.get("items")
+    if not isinstance(items, list):
+        # A Table or any other shape: never passed on unfiltered.
+        raise UpstreamError(502, f"upstream answered a {document.get('kind')!r}, not a list")
+    document["items"] = [item for item in items if keep(item)]
+    if isinstance(document.get("metadata"), dict):
+        document["metadata"].pop("remainingItemCount", None)
+    return _chunks([_dump(document)])
+
+
+async def prime_watch(upstream: Upstream, info: RequestInfo, keep: Keep) -> WatchFilter:
+    """The state of a watch that continues a list at ``resourceVersion``.
+
+    The client holds what its list (filtered the same way) returned at that version, so that
+    is read again, exactly at that version: an object of that list that leaves scope during
+    the watch is then sent as DELETED. Without a resourceVersion to continue from, the watch
+    starts with ADDED events and the state builds itself.
+    """
+    rv = info.query_value("resourceVersion")
+    if not rv or rv == "0" or info.query_value("sendInitialEvents") in _TRUE:
+        return WatchFilter(keep)
+    pairs = [(k, v) for k, v in info.query if k in ("labelSelector", "fieldSelector")]
+    pairs += [("resourceVersion", rv), ("resourceVersionMatch", "Exact")]
+    target = f"{info.path}?{urlencode(pairs, quote_via=quote)}"
+    headers = {"Accept": PLAIN_JSON}
+    if token := upstream.token():
+        headers["Authorization"] = f"Bearer {token}"
+    async with upstream.request("GET", target, headers, None, long_running=False) as response:
+        if response.status != 200:
+            return WatchFilter(keep)  # the watch itself will answer (410 Expired, most likely)
+        document = await _read_json(response.content, "list")
+    items = document.get("items")
+    if not isinstance(items, list):
+        return WatchFilter(keep)
+    return WatchFilter(keep, {_key(item) for item in items if keep(item)})
+
+
+async def _watch(content: aiohttp.StreamReader, state: WatchFilter) -> AsyncIterator[bytes]:
+    try:
+        async for line in _lines(content.iter_any(), MAX_WATCH_LINE):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                yield _error_event("the gatekeeper could not read an upstream watch event")
+                return
+            out = state.event(event)
+            if out is event:
+                yield line + b"\n"
+            elif out is not None:
+                yield _dump(out) + b"\n"
+    except _LineTooLong:
+        yield _error_event(f"an upstream watch event exceeds {MAX_WATCH_LINE} bytes")
+
+
+class _LineTooLong(Exception):
+    pass
+
+
+async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """Newline-delimited lines of ``chunks``, each at most ``limit`` bytes; blank ones skipped."""
+    buffer = bytearray()
+    async for chunk in chunks:
+        scanned = len(buffer)
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", scanned)) >= 0:
+            line = bytes(buffer[start:end])
+            if line.strip():
+                yield line
+            start = scanned = end + 1
+        del buffer[:start]
+        if len(buffer) > limit:
+            raise _LineTooLong
+    if bytes(buffer).strip():
+        yield bytes(buffer)
+
+
+async def _read_json(content: aiohttp.StreamReader, what: str) -> KubeObject:
+    data = bytearray()
+    async for chunk in content.iter_any():
+        data += chunk
+        if len(data) > MAX_FILTERED_BODY:
+            raise UpstreamError(
+                502,
+                f"the upstream {what} exceeds {MAX_FILTERED_BODY} bytes, the most the gatekeeper "
+                "filters in memory: list in pages (limit=)",
+            )
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise UpstreamError(502, f"upstream sent invalid JSON for a filtered {what}") from exc
+    if not isinstance(document, dict):
+        raise UpstreamError(502, f"upstream sent a non-object for a filtered {what}")
+    return document
+
+
+def _key(obj: KubeObject) -> _Key:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _stub(obj: KubeObject) -> KubeObject:
+    """What a DELETED event for an object that left scope shows: its identity only."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
+
+
+def _not_found(info: RequestInfo) -> Refusal:
+    qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
+    return Refusal(
+        404,
+        "object not found",
+        f'{qualified} "{info.name}" not found',
+        details={"group": info.api_group, "kind": info.resource, "name": info.name},
+    )
+
+
+def _error_event(message: str) -> bytes:
+    return _dump({"type": "ERROR", "object": status_body(500, message)}) + b"\n"
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk

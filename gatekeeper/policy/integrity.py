@@ -1,0 +1,130 @@
+"""Write integrity, purely: the body checks, resourceVersion pins and preconditions that make
+a write land only on the object that was checked (DESIGN §4.4); shared by every rule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gatekeeper.jsonpath import get_field
+from gatekeeper.policy.decision import Decision, allow, deny
+from gatekeeper.policy.model import KindSpec
+from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.types import KubeObject
+
+__all__ = [
+    "body_shape",
+    "not_found",
+    "patch_resource_version",
+    "pin_delete",
+    "pin_resource_version",
+    "stale_conflict",
+    "stored_resource_version",
+]
+
+
+def stored_resource_version(current: KubeObject) -> str:
+    """The fetched object's ``metadata.resourceVersion`` ("" when absent)."""
+    meta = current.get("metadata")
+    return str(meta.get("resourceVersion", "")) if isinstance(meta, dict) else ""
+
+
+def body_shape(info: RequestInfo, kind: KindSpec, body: KubeObject | None) -> Decision | None:
+    if not isinstance(body, dict):
+        return deny(400, f"{info.verb} of {kind.qualified} needs a JSON object body")
+    expected = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
+    if body.get("apiVersion") != expected or body.get("kind") != kind.kind:
+        return deny(
+            400,
+            f'body apiVersion/kind "{body.get("apiVersion")}"/"{body.get("kind")}" does not match '
+            f'the URL ("{expected}"/"{kind.kind}")',
+        )
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return deny(400, "metadata must be an object")
+    metadata = metadata or {}
+    namespace = metadata.get("namespace")
+    if namespace and namespace != info.namespace:
+        return deny(
+            400,
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )
+    if info.name and metadata.get("name") != info.name:
+        return deny(
+            400,
+            f"the name of the object ({metadata.get('name')}) does not match the name on the URL "
+            f"({info.name})",
+        )
+    return None
+
+
+def pin_resource_version(body: KubeObject, resource_version: str) -> KubeObject:
+    # SECURITY: DESIGN §4.4 — the check ran against the stored object; pinning its
+    # resourceVersion makes a concurrent change fail with 409 instead of slipping past the check.
+    if get_field(body, ("metadata", "resourceVersion")) == resource_version:
+        return body
+    pinned = copy.deepcopy(body)
+    pinned.setdefault("metadata", {})["resourceVersion"] = resource_version
+    return pinned
+
+
+def patch_resource_version(patch: Any) -> str:
+    if isinstance(patch, dict) and isinstance(patch.get("metadata"), dict):
+        value = patch["metadata"].get("resourceVersion")
+        return value if isinstance(value, str) else ""
+    return ""
+
+
+def stale_conflict(info: RequestInfo, kind: KindSpec, asked: str, stored: str) -> Decision | None:
+    """409 when the client's resourceVersion is not the one the decision was made on.
+
+    Forwarding it would let the write land on a version the gatekeeper never checked.
+    """
+    if not asked or asked == stored:
+        return None
+    return deny(
+        409,
+        "resourceVersion does not match the stored object",
+        f'Operation cannot be fulfilled on {kind.qualified} "{info.name}": the object has been '
+        "modified; please apply your changes to the latest version and try again",
+        group=kind.group,
+        kind=kind.resource,
+        name=info.name,
+    )
+
+
+def pin_delete(
+    info: RequestInfo, kind: KindSpec, body: KubeObject | None, current: KubeObject
+) -> Decision:
+    meta = current.get("metadata", {})
+    options = copy.deepcopy(body) if isinstance(body, dict) else {}
+    options.setdefault("kind", "DeleteOptions")
+    options.setdefault("apiVersion", "v1")
+    preconditions = options.get("preconditions") or {}
+    if not isinstance(preconditions, dict):
+        return deny(400, "DeleteOptions.preconditions must be an object")
+    for key, stored in (("uid", meta.get("uid")), ("resourceVersion", meta.get("resourceVersion"))):
+        asked = preconditions.get(key)
+        if asked not in (None, "") and asked != stored:
+            label = "UID" if key == "uid" else "ResourceVersion"
+            return deny(
+                409,
+                "delete precondition does not match the stored object",
+                f'Operation cannot be fulfilled on {kind.qualified} "{info.name}": Precondition '
+                f"failed: {label} in precondition: {asked}, {label} in object meta: {stored}",
+            )
+        preconditions[key] = stored
+    options["preconditions"] = preconditions
+    # SECURITY: DESIGN §4.4 — the delete lands only on the object that was checked.
+    return allow("stored object belongs to the driver on this node", info, options)
+
+
+def not_found(info: RequestInfo, kind: KindSpec) -> Decision:
+    return deny(
+        404,
+        "object not found",
+        f'{kind.qualified} "{info.name}" not found',
+        group=kind.group,
+        kind=kind.resource,
+        name=info.name,
+    )
