@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kubeconfig", help="kubeconfig with the node's credentials (or env KUBECONFIG)"
     )
+    serve.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        help="KEY=VALUE: a label of this node, for claims allocated by label (repeatable)",
+    )
     serve.add_argument("--upstream", help="override the API server URL from the kubeconfig")
     serve.add_argument("--socket-dir", help="listen on DIR/<driver>/api.sock for each driver")
     serve.add_argument("--listen", help="HOST:PORT for the mTLS listener (driver = client cert CN)")
@@ -108,6 +114,7 @@ def _serve(ns: argparse.Namespace) -> int:
         node_name=ns.node_name,
         policy_path=ns.policy,
         drivers=ns.driver,
+        node_labels=ns.node_label,
         kubeconfig=ns.kubeconfig,
         upstream=ns.upstream,
         socket_dir=ns.socket_dir,
@@ -135,6 +142,7 @@ def _serve(ns: argparse.Namespace) -> int:
     server = GatekeeperServer(
         policy=config.policy,
         node_name=config.node_name,
+        node_labels=config.node_labels,
         upstream=Upstream(config.upstream),
         audit=audit,
         audit_level=config.audit_level,

@@ -15,7 +15,13 @@ from gatekeeper.kubeconfig import UpstreamConfig, resolve_upstream
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER
 
-__all__ = ["ServeConfig", "build_serve_config", "parse_host_port", "server_ssl_context"]
+__all__ = [
+    "ServeConfig",
+    "build_serve_config",
+    "parse_host_port",
+    "parse_node_labels",
+    "server_ssl_context",
+]
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -25,6 +31,7 @@ class ServeConfig:
     """A complete, checked configuration for ``dra-gatekeeper serve``."""
 
     node_name: str
+    node_labels: Mapping[str, str]
     policy: Policy
     upstream: UpstreamConfig
     socket_dir: Path | None
@@ -40,6 +47,7 @@ def build_serve_config(
     node_name: str | None,
     policy_path: str | None,
     drivers: Sequence[str],
+    node_labels: Sequence[str] = (),
     kubeconfig: str | None,
     upstream: str | None,
     socket_dir: str | None,
@@ -81,6 +89,7 @@ def build_serve_config(
         ) from None
     return ServeConfig(
         node_name=node,
+        node_labels=parse_node_labels(node_labels),
         policy=policy,
         upstream=resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ),
         socket_dir=Path(socket_dir) if socket_dir is not None else None,
@@ -96,6 +105,29 @@ def build_serve_config(
             parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
         ),
     )
+
+
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
+    """``--node-label KEY=VALUE`` flags as a mapping; ConfigError on a bad or repeated key."""
+    labels: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        prefix, _, name = key.rpartition("/")
+        valid_key = (
+            sep
+            and len(name) <= 63
+            and _LABEL_NAME.match(name)
+            and (not prefix or _DNS_SUBDOMAIN.match(prefix))
+        )
+        if not valid_key or (value and (len(value) > 63 or not _LABEL_NAME.match(value))):
+            raise ConfigError(f"--node-label {flag!r} must be KEY=VALUE with a valid label")
+        if key in labels:
+            raise ConfigError(f"--node-label {key!r} is given twice")
+        labels[key] = value
+    return labels
 
 
 def parse_host_port(value: str, flag: str) -> tuple[str, int]:

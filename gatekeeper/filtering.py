@@ -75,7 +75,7 @@ class WatchFilter:
             return {"type": "DELETED", "object": _stub(obj)} if was_shown else None
         if inside:
             self.shown.add(key)
-            return event if was_shown else {"type": "ADDED", "object": obj}
+            return event if was_shown or kind == "ADDED" else {"type": "ADDED", "object": obj}
         if was_shown:
             # SECURITY: DESIGN §4.3 — the object left scope: the client drops it, and sees
             # nothing of its new state.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -37,6 +38,7 @@ class GatekeeperServer:
         policy: Policy,
         node_name: str,
         upstream: Upstream,
+        node_labels: Mapping[str, str] | None = None,
         audit: AuditSink | None = None,
         audit_level: AuditLevel = AuditLevel.METADATA,
         socket_dir: Path | None = None,
@@ -47,7 +49,7 @@ class GatekeeperServer:
         self.upstream = upstream
         self.audit = audit or NullSink()
         self.gatekeeper = Gatekeeper(
-            engine=Engine(policy, node_name),
+            engine=Engine(policy, node_name, node_labels=dict(node_labels or {})),
             upstream=upstream,
             audit=self.audit,
             audit_level=audit_level,

@@ -181,6 +181,22 @@ async def test_negotiated_lists_never_leak(
     assert set(upstream_accepts(apiserver, since)) == {"application/json"}
 
 
+async def test_a_table_watch_gets_filtered_json_events(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    admin = Admin(apiserver)
+    since = len(apiserver.journal)
+    async with gatekeeper.unix_session(GPU) as session:
+        watch = await session.get(f"{CLAIMS}?watch=true", headers={"Accept": TABLE})
+        for name, driver in (("nics", NIC), ("gpus", GPU)):
+            await admin.create(claim(name, None))
+            await admin.put_status(name, {"allocation": allocation(driver)})
+        kind, name, obj = await next_event(watch)
+        assert (kind, name, obj["kind"]) == ("ADDED", "gpus", "ResourceClaim")
+        watch.close()
+    assert upstream_accepts(apiserver, since)[0] == "application/json"
+
+
 async def test_slices_negotiation_passes_through(gatekeeper: Running, apiserver: APIServer) -> None:
     """Nothing is filtered for slices: the Table the client asked for is what it gets."""
     since = len(apiserver.journal)

@@ -78,6 +78,19 @@ def kubeconfig(path: Path, server: str | None) -> str:
             id="bad-audit-level",
         ),
         pytest.param(["--bogus"], "unrecognized arguments", id="unknown-flag"),
+        pytest.param(
+            ["--node-name", "n", "--driver", GPU, "--socket-dir", "/tmp/x", "--node-label", "a b"],
+            "must be KEY=VALUE",
+            id="bad-node-label",
+        ),
+        pytest.param(
+            [
+                *("--node-name", "n", "--driver", GPU, "--socket-dir", "/tmp/x"),
+                *("--node-label", "a=b", "--node-label", "a=c"),
+            ],
+            "is given twice",
+            id="repeated-node-label",
+        ),
     ],
 )
 async def test_bad_configuration_exits_2_with_one_line(

@@ -205,6 +205,11 @@ async def test_every_slice_version_from_a_policy_file(custom: Stack, version: st
     await check_full_enforcement(custom, SLICE_VERSIONS[version])
 
 
+@pytest.mark.parametrize("version", ["v1alpha2", "v1alpha3", "v1beta1", "v1beta2", "v1"])
+async def test_every_slice_version_in_the_default_policy(default: Stack, version: str) -> None:
+    await check_full_enforcement(default, SLICE_VERSIONS[version])
+
+
 async def test_a_new_version_has_its_own_forbidden_fields(custom: Stack) -> None:
     layout = SLICE_VERSIONS["v2"]
     body = layout.obj("own")

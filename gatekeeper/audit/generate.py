@@ -19,7 +19,16 @@ from gatekeeper.audit.reader import Record
 from gatekeeper.audit.replay import method_of
 from gatekeeper.errors import Refusal
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field
-from gatekeeper.policy import Field, KindSpec, ListSelectorMode, Policy, Scope, VersionSpec
+from gatekeeper.policy import (
+    Field,
+    KindRule,
+    KindSpec,
+    ListSelectorMode,
+    Policy,
+    Scope,
+    VersionSpec,
+)
+from gatekeeper.policy.loader import ALLOCATION_KEYS
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import parse_field_selector
@@ -136,10 +145,11 @@ def _kind_doc(entry: _Seen, base: KindSpec | None) -> tuple[dict[str, Any] | Non
         "resource": entry.resource,
         "kind": kind_name,
         "scope": (base.scope if base else _scope(entry)).value,
-        "rule": "NodeLocal",
-        "listSelector": _list_mode(entry, versions).value,
+        "rule": (base.rule if base else KindRule.NODE_LOCAL).value,
         "verbs": sorted(entry.verbs),
     }
+    if doc["rule"] == KindRule.NODE_LOCAL.value:
+        doc["listSelector"] = _list_mode(entry, versions).value
     if entry.subresources:
         doc["subresources"] = sorted(entry.subresources)
     if base and base.fill:
@@ -153,6 +163,11 @@ def _scope(entry: _Seen) -> Scope:
 
 
 def _version_doc(spec: VersionSpec) -> dict[str, Any]:
+    if spec.allocation is not None:
+        return {
+            key: ".".join(getattr(spec.allocation, attribute))
+            for key, attribute in ALLOCATION_KEYS.items()
+        }
     doc: dict[str, Any] = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
     defaults = {fld: ".".join(spec.paths[fld]) for fld in (Field.DRIVER, Field.NODE)}
     if any(spec.selectors[fld] != defaults[fld] for fld in defaults):

@@ -155,6 +155,15 @@ class ObjectMemory:
         for fld, path in version.paths.items():
             if path != _NAME:
                 set_field(obj, path, wanted[fld])
+        if (allocation := version.allocation) is not None:
+            # Allocated to the caller on this node, the way the scheduler writes it.
+            result: KubeObject = {}
+            set_field(result, allocation.result_driver, driver)
+            set_field(obj, allocation.results, [result])
+            term = {"key": "metadata.name", "operator": "In", "values": [node]}
+            set_field(
+                obj, allocation.node_selector, {"nodeSelectorTerms": [{"matchFields": [term]}]}
+            )
         return obj
 
     def _assumed_body(self, info: RequestInfo, driver: str, node: str) -> Any:

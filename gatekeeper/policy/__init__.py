@@ -4,6 +4,7 @@ from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.engine import Engine
 from gatekeeper.policy.loader import load_policy, parse_policy
 from gatekeeper.policy.model import (
+    AllocationPaths,
     Field,
     KindRule,
     KindSpec,
@@ -14,6 +15,7 @@ from gatekeeper.policy.model import (
 )
 
 __all__ = [
+    "AllocationPaths",
     "Decision",
     "Engine",
     "Field",

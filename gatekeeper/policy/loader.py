@@ -25,7 +25,7 @@ from gatekeeper.policy.model import (
     VersionSpec,
 )
 
-__all__ = ["DEFAULT_POLICY", "load_policy", "parse_policy"]
+__all__ = ["ALLOCATION_KEYS", "DEFAULT_POLICY", "load_policy", "parse_policy"]
 
 DEFAULT_POLICY = "<packaged default.yaml>"
 
@@ -50,7 +50,7 @@ _KIND_KEYS = {
 _VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors"}
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
 # field names are compiled in as defaults).
-_ALLOCATION_KEYS = {
+ALLOCATION_KEYS = {
     "results": "results",
     "resultDriver": "result_driver",
     "nodeSelector": "node_selector",
@@ -257,9 +257,9 @@ def _check_allocated(
 
 
 def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
-    spec = ctx.mapping(raw, key, set(_ALLOCATION_KEYS))
+    spec = ctx.mapping(raw, key, set(ALLOCATION_KEYS))
     paths: dict[str, FieldPath] = {}
-    for name, attribute in _ALLOCATION_KEYS.items():
+    for name, attribute in ALLOCATION_KEYS.items():
         if name not in spec:
             ctx.fail(_join(key, name), "is required (a JSON path) by rule AllocatedToDriver")
         paths[attribute] = ctx.path(spec[name], _join(key, name))
