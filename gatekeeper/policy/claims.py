@@ -15,18 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field
-from gatekeeper.policy.decision import Decision, allow, deny, forbid
+from gatekeeper.policy.decision import Decision, allow, forbid
 from gatekeeper.policy.integrity import (
     body_shape,
     not_found,
-    patch_resource_version,
+    patch_result,
     pin_resource_version,
     stale_conflict,
     stored_resource_version,
 )
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
-from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
@@ -147,16 +146,10 @@ def _patch_status(
     media_type: str,
     proposed: KubeObject | None,
 ) -> Decision:
-    stored_rv = stored_resource_version(current)
-    if conflict := stale_conflict(info, kind, patch_resource_version(patch), stored_rv):
-        return conflict
-    try:
-        result = proposed or patched_object(media_type, current, patch)
-        pinned = pin_patch(media_type, patch, stored_rv)
-    except PatchError as exc:
-        return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
-    if refusal := body_shape(info, kind, result):
-        return refusal
+    prepared = patch_result(info, kind, patch, current, media_type, proposed)
+    if isinstance(prepared, Decision):
+        return prepared
+    result, pinned = prepared
     if problem := status_change_violation(scope.paths, current, result, scope.driver):
         return forbid(scope.driver, info, f"after the patch, {problem}")
     return allow("only the driver's own status entries change", info, pinned, media_type)

@@ -18,7 +18,7 @@ from gatekeeper.policy.decision import Decision, allow, deny, forbid
 from gatekeeper.policy.integrity import (
     body_shape,
     not_found,
-    patch_resource_version,
+    patch_result,
     pin_delete,
     pin_resource_version,
     stale_conflict,
@@ -37,9 +37,6 @@ from gatekeeper.policy.ownership import fill_missing, ownership_violation
 from gatekeeper.policy.patching import (
     APPLY,
     STRATEGIC_MERGE,
-    PatchError,
-    patched_object,
-    pin_patch,
 )
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
@@ -248,16 +245,10 @@ class Engine:
         media_type: str,
         proposed: KubeObject | None,
     ) -> Decision:
-        stored_rv = str(current.get("metadata", {}).get("resourceVersion", ""))
-        if conflict := stale_conflict(info, kind, patch_resource_version(patch), stored_rv):
-            return conflict
-        try:
-            result = proposed or patched_object(media_type, current, patch)
-            pinned = pin_patch(media_type, patch, stored_rv)
-        except PatchError as exc:
-            return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
-        if refusal := body_shape(info, kind, result):
-            return refusal
+        prepared = patch_result(info, kind, patch, current, media_type, proposed)
+        if isinstance(prepared, Decision):
+            return prepared
+        result, pinned = prepared
         if problem := ownership_violation(version, result, driver, self.node_name):
             return forbid(driver, info, f"after the patch, {problem}")
         return allow("patched object belongs to the driver on this node", info, pinned, media_type)

@@ -9,6 +9,7 @@ from typing import Any
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.decision import Decision, allow, deny
 from gatekeeper.policy.model import KindSpec
+from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
@@ -16,6 +17,7 @@ __all__ = [
     "body_shape",
     "not_found",
     "patch_resource_version",
+    "patch_result",
     "pin_delete",
     "pin_resource_version",
     "stale_conflict",
@@ -91,6 +93,27 @@ def stale_conflict(info: RequestInfo, kind: KindSpec, asked: str, stored: str) -
         kind=kind.resource,
         name=info.name,
     )
+
+
+def patch_result(
+    info: RequestInfo,
+    kind: KindSpec,
+    patch: Any,
+    current: KubeObject,
+    media_type: str,
+    proposed: KubeObject | None,
+) -> Decision | tuple[KubeObject, Any]:
+    """The object a patch of ``current`` would store and the patch pinned to ``current``'s
+    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape)."""
+    stored_rv = stored_resource_version(current)
+    if conflict := stale_conflict(info, kind, patch_resource_version(patch), stored_rv):
+        return conflict
+    try:
+        result = proposed or patched_object(media_type, current, patch)
+        pinned = pin_patch(media_type, patch, stored_rv)
+    except PatchError as exc:
+        return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
+    return body_shape(info, kind, result) or (result, pinned)
 
 
 def pin_delete(
