@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.names import is_driver_name
 
 __all__ = [
     "IssuedCert",
@@ -40,9 +41,6 @@ _CA_CERT = "ca.crt"
 _CA_KEY = "ca.key"
 _SERVER_STEM = "server"
 _DEFAULT_HOSTS = ("127.0.0.1", "::1", "localhost")
-# A DRA driver name is a DNS subdomain of at most 63 characters (resource.k8s.io validation);
-# checking it here also keeps it safe as a file name (no "/", no "..").
-_DRIVER_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_RE = re.compile(
     r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", re.IGNORECASE
 )
@@ -334,7 +332,7 @@ def _issue_from_args(ns: argparse.Namespace) -> list[Path]:
         return _write_pair(ns.out, "ca", create_ca(ns.cn, days=ns.days), ns.force)
     ca = load_ca(ns.ca_dir / _CA_CERT, ns.ca_dir / _CA_KEY)
     if ns.action == "client":
-        if len(ns.driver) > 63 or not _DRIVER_RE.match(ns.driver):
+        if not is_driver_name(ns.driver):
             raise _UsageError(f"--driver {ns.driver!r} is not a valid driver name (DNS subdomain)")
         issued = issue_client_cert(ca, ns.driver, days=ns.days)
         return _write_pair(ns.out, ns.driver, issued, ns.force)

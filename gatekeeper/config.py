@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,8 +11,10 @@ from pathlib import Path
 from gatekeeper.audit import AuditLevel
 from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import UpstreamConfig, resolve_upstream
+from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER
+from gatekeeper.selectors import check_label
 
 __all__ = [
     "ServeConfig",
@@ -22,8 +23,6 @@ __all__ = [
     "parse_node_labels",
     "server_ssl_context",
 ]
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +63,10 @@ def build_serve_config(
     node = node_name or environ.get("NODE_NAME", "")
     if not node:
         raise ConfigError("--node-name (or env NODE_NAME) is required")
-    if not _DNS_SUBDOMAIN.match(node) or len(node) > 253:
+    if not is_dns_subdomain(node):
         raise ConfigError(f"--node-name {node!r} is not a valid node name (DNS subdomain)")
     for name in drivers:
-        if name != ANY_DRIVER and not _DNS_SUBDOMAIN.match(name):
+        if name != ANY_DRIVER and not is_driver_name(name):
             raise ConfigError(f"--driver {name!r} is not a DNS subdomain driver name")
     policy = load_policy(policy_path).with_drivers(frozenset(drivers))
     if not policy.drivers:
@@ -107,23 +106,19 @@ def build_serve_config(
     )
 
 
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-
-
 def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
     """``--node-label KEY=VALUE`` flags as a mapping; ConfigError on a bad or repeated key."""
     labels: dict[str, str] = {}
     for flag in flags:
         key, sep, value = flag.partition("=")
-        prefix, _, name = key.rpartition("/")
-        valid_key = (
-            sep
-            and len(name) <= 63
-            and _LABEL_NAME.match(name)
-            and (not prefix or _DNS_SUBDOMAIN.match(prefix))
-        )
-        if not valid_key or (value and (len(value) > 63 or not _LABEL_NAME.match(value))):
-            raise ConfigError(f"--node-label {flag!r} must be KEY=VALUE with a valid label")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            check_label(key, value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--node-label {flag!r} must be KEY=VALUE with a valid label: {exc}"
+            ) from None
         if key in labels:
             raise ConfigError(f"--node-label {key!r} is given twice")
         labels[key] = value

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote_to_bytes
 
 from gatekeeper.errors import Refusal
+from gatekeeper.names import DNS_SUBDOMAIN
 
 __all__ = ["ALLOWED_QUERY_PARAMETERS", "RequestInfo", "parse_request"]
 
@@ -52,7 +53,6 @@ _NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
 _SEGMENT = re.compile(r"[A-Za-z0-9._:-]+")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -274,7 +274,7 @@ def _non_resource_info(
     if segments[:1] == ["api"] and len(segments) == 2:
         version = _checked(segments[1], _DNS_1035_LABEL, "API version")
     elif segments[:1] == ["apis"] and len(segments) >= 2:
-        group = _checked(segments[1], _DNS_SUBDOMAIN, "API group", 253)
+        group = _checked(segments[1], DNS_SUBDOMAIN, "API group", 253)
         if len(segments) == 3:
             version = _checked(segments[2], _DNS_1035_LABEL, "API version")
     return RequestInfo(
@@ -292,7 +292,7 @@ def _resource_info(
     consumed = 2 if prefix == "api" else 3  # prefix [group] version
     if len(segments) <= consumed:
         return None
-    group = _checked(segments[1], _DNS_SUBDOMAIN, "API group", 253) if prefix == "apis" else ""
+    group = _checked(segments[1], DNS_SUBDOMAIN, "API group", 253) if prefix == "apis" else ""
     version = _checked(segments[consumed - 1], _DNS_1035_LABEL, "API version")
     rest = segments[consumed:]
     if rest[0] in _SPECIAL_VERB_SEGMENTS:

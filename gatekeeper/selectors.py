@@ -12,10 +12,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gatekeeper.names import is_dns_subdomain
+
 __all__ = [
     "FieldRequirement",
     "LabelRequirement",
     "LabelSelector",
+    "check_label",
     "escape_field_value",
     "format_field_selector",
     "matches_fields",
@@ -150,19 +153,24 @@ LabelSelector = tuple[LabelRequirement, ...]
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _NAME_RE = re.compile(rf"^{_NAME}$")
-_PREFIX_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOKEN_RE = re.compile(r"\s*(!=|==|=|!|\(|\)|,|<|>|[^\s!=(),<>]+)")
 
 
 def _check_key(key: str) -> None:
     prefix, _, name = key.rpartition("/")
-    if "/" in key and (not prefix or len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
+    if "/" in key and not is_dns_subdomain(prefix):
         raise ValueError(f"invalid label key {key!r}: prefix must be a DNS subdomain")
     if len(name) > 63 or not _NAME_RE.match(name):
         raise ValueError(
             f"invalid label key {key!r}: name part must be at most 63 characters of "
             "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
         )
+
+
+def check_label(key: str, value: str) -> None:
+    """ValueError unless ``key=value`` is a valid Kubernetes label."""
+    _check_key(key)
+    _check_value(value)
 
 
 def _check_value(value: str) -> None:

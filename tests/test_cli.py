@@ -84,6 +84,11 @@ def kubeconfig(path: Path, server: str | None) -> str:
             id="bad-node-label",
         ),
         pytest.param(
+            ["--node-name", "n", "--driver", GPU, "--socket-dir", "/tmp/x", "--node-label", "/b=c"],
+            "must be KEY=VALUE",
+            id="node-label-empty-prefix",
+        ),
+        pytest.param(
             [
                 *("--node-name", "n", "--driver", GPU, "--socket-dir", "/tmp/x"),
                 *("--node-label", "a=b", "--node-label", "a=c"),

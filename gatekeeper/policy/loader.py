@@ -11,6 +11,7 @@ import yaml
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.jsonpath import FieldPath, parse_field_path
+from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
@@ -29,7 +30,6 @@ __all__ = ["ALLOCATION_KEYS", "DEFAULT_POLICY", "load_policy", "parse_policy"]
 
 DEFAULT_POLICY = "<packaged default.yaml>"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
@@ -171,7 +171,7 @@ def _one_line(exc: Exception) -> str:
 def _parse_drivers(ctx: _Context, raw: Any) -> list[str]:
     names = ctx.string_list(raw, "drivers")
     for index, name in enumerate(names):
-        if name != ANY_DRIVER and not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        if name != ANY_DRIVER and not is_driver_name(name):
             ctx.fail(f"drivers[{index}]", f"{name!r} is not a DNS subdomain driver name")
     return names
 
@@ -182,7 +182,7 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
         if required not in kind:
             ctx.fail(_join(key, required), "is required")
     group = ctx.string(kind["group"], _join(key, "group"))
-    if group and not _DNS_SUBDOMAIN.match(group):
+    if group and not is_dns_subdomain(group):
         ctx.fail(_join(key, "group"), f"{group!r} is not a DNS subdomain")
     resource = ctx.string(kind["resource"], _join(key, "resource"), _RESOURCE)
     rule = _enum(ctx, KindRule, kind["rule"], _join(key, "rule"))

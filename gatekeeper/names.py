@@ -1,0 +1,22 @@
+"""Kubernetes name rules shared by flags, the policy, certificates, paths and selectors."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["DNS_SUBDOMAIN", "is_dns_subdomain", "is_driver_name"]
+
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""RFC 1123 subdomain (use with ``fullmatch``); at most 253 characters."""
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
+def is_driver_name(name: str) -> bool:
+    """A DRA driver name: a DNS subdomain of at most 63 characters (resource.k8s.io validation).
+
+    It is also safe as a file name (no ``/``, no ``..``): socket directories are named by it.
+    """
+    return len(name) <= 63 and is_dns_subdomain(name)
