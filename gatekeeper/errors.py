@@ -1,9 +1,9 @@
 """The gatekeeper's few errors.
 
-    Exception
-     ├── Refusal        a request the gatekeeper answers itself (4xx); rendered by status.py
-     ├── UpstreamError  the apiserver could not be reached or answered badly (502/503/504)
-     └── ConfigError    bad flags, policy or kubeconfig; the command exits 2
+Exception
+ ├── Refusal        a request the gatekeeper answers itself (4xx); rendered by status.py
+ ├── UpstreamError  the apiserver could not be reached or answered badly (502/503/504)
+ └── ConfigError    bad flags, policy or kubeconfig; the command exits 2
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from gatekeeper.types import KubeObject
 
-__all__ = ["MISSING", "FieldPath", "get_field", "parse_field_path", "set_field"]
+__all__ = ["MISSING", "FieldPath", "get_field", "is_field_name", "parse_field_path", "set_field"]
 
 _SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
@@ -28,13 +28,18 @@ MISSING: Final = _Missing()
 FieldPath = tuple[str, ...]
 
 
+def is_field_name(segment: str) -> bool:
+    """Whether ``segment`` can be one step of a policy field path."""
+    return _SEGMENT.match(segment) is not None
+
+
 def parse_field_path(text: str) -> FieldPath:
     """``"spec.pool.name"`` → ``("spec", "pool", "name")``; ValueError on anything else."""
     if not isinstance(text, str) or not text:
         raise ValueError("a field path must be a non-empty string like spec.pool.name")
     parts = tuple(text.split("."))
     for part in parts:
-        if not _SEGMENT.match(part):
+        if not is_field_name(part):
             raise ValueError(
                 f"bad field path {text!r}: segment {part!r} is not a plain field name "
                 "(letters, digits, '_' or '-', not starting with a digit)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.policy.integrity import stored_resource_version
 from gatekeeper.policy.patching import PatchError, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
@@ -22,7 +23,7 @@ async def preview_patch(
     upstream: Upstream, info: RequestInfo, media_type: str, patch: Any, current: KubeObject
 ) -> KubeObject:
     """The object a strategic-merge or apply patch of ``current`` would store."""
-    resource_version = str(current.get("metadata", {}).get("resourceVersion", ""))
+    resource_version = stored_resource_version(current)
     try:
         pinned = pin_patch(media_type, patch, resource_version)
     except PatchError as exc:

@@ -8,7 +8,6 @@ express is listed in the file's header instead of being allowed.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 from gatekeeper.audit.reader import Record
 from gatekeeper.audit.replay import method_of
 from gatekeeper.errors import Refusal
-from gatekeeper.jsonpath import MISSING, FieldPath, get_field
+from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
 from gatekeeper.policy import (
     Field,
     KindRule,
@@ -37,7 +36,6 @@ __all__ = ["generate_policy"]
 
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
-_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _NAME: FieldPath = ("metadata", "name")
 
 
@@ -222,7 +220,7 @@ def _leaf_paths(obj: Any, prefix: FieldPath = ()) -> Iterator[FieldPath]:
     """Paths of string fields a policy can name (metadata: only ``metadata.name``)."""
     if isinstance(obj, dict):
         for key, value in obj.items():
-            if isinstance(key, str) and _SEGMENT.match(key):
+            if isinstance(key, str) and is_field_name(key):
                 yield from _leaf_paths(value, (*prefix, key))
     elif isinstance(obj, str) and prefix and (prefix[0] != "metadata" or prefix == _NAME):
         yield prefix

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.jsonpath import MISSING, FieldPath, get_field
+from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
 from gatekeeper.policy.decision import Decision, allow, forbid
 from gatekeeper.policy.integrity import (
     body_shape,
     not_found,
     patch_result,
-    pin_resource_version,
-    stale_conflict,
-    stored_resource_version,
+    pinned_update,
 )
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
@@ -48,7 +45,6 @@ _SERVER_MAINTAINED: tuple[FieldPath, ...] = (
     ("metadata", "resourceVersion"),
     ("metadata", "managedFields"),
 )
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,15 +122,12 @@ def _update_status(
 ) -> Decision:
     if refusal := body_shape(info, kind, body):
         return refusal
-    stored_rv = stored_resource_version(current)
-    asked = get_field(body, ("metadata", "resourceVersion"))
-    if conflict := stale_conflict(info, kind, asked if isinstance(asked, str) else "", stored_rv):
-        return conflict
-    if problem := status_change_violation(scope.paths, current, body, scope.driver):
+    pinned = pinned_update(info, kind, body, current)
+    if isinstance(pinned, Decision):
+        return pinned
+    if problem := status_change_violation(scope.paths, current, pinned, scope.driver):
         return forbid(scope.driver, info, problem)
-    return allow(
-        "only the driver's own status entries change", info, pin_resource_version(body, stored_rv)
-    )
+    return allow("only the driver's own status entries change", info, pinned)
 
 
 def _patch_status(
@@ -229,7 +222,7 @@ def _owner(entry: Any, paths: AllocationPaths) -> str:
 
 def _child(prefix: str, key: Any) -> str:
     text = str(key)
-    if _PLAIN_KEY.match(text):
+    if is_field_name(text):
         return f"{prefix}.{text}" if prefix else text
     return f"{prefix}[{json.dumps(text)}]"
 

@@ -20,8 +20,7 @@ from gatekeeper.policy.integrity import (
     not_found,
     patch_result,
     pin_delete,
-    pin_resource_version,
-    stale_conflict,
+    pinned_update,
 )
 from gatekeeper.policy.model import (
     Field,
@@ -285,11 +284,8 @@ class Engine:
         if problem := ownership_violation(version, body, driver, self.node_name):
             return forbid(driver, info, problem, name=name if isinstance(name, str) else None)
         if current is not None:
-            stored_rv = str(current.get("metadata", {}).get("resourceVersion", ""))
-            asked = get_field(body, ("metadata", "resourceVersion"))
-            if conflict := stale_conflict(
-                info, kind, asked if isinstance(asked, str) else "", stored_rv
-            ):
-                return conflict
-            body = pin_resource_version(body, stored_rv)
+            pinned = pinned_update(info, kind, body, current)
+            if isinstance(pinned, Decision):
+                return pinned
+            body = pinned
         return allow("object belongs to the driver on this node", info, body)

@@ -16,10 +16,11 @@ from gatekeeper.types import KubeObject
 __all__ = [
     "body_shape",
     "not_found",
-    "patch_resource_version",
     "patch_result",
     "pin_delete",
     "pin_resource_version",
+    "pinned_update",
+    "requested_resource_version",
     "stale_conflict",
     "stored_resource_version",
 ]
@@ -70,11 +71,20 @@ def pin_resource_version(body: KubeObject, resource_version: str) -> KubeObject:
     return pinned
 
 
-def patch_resource_version(patch: Any) -> str:
-    if isinstance(patch, dict) and isinstance(patch.get("metadata"), dict):
-        value = patch["metadata"].get("resourceVersion")
-        return value if isinstance(value, str) else ""
-    return ""
+def requested_resource_version(body: Any) -> str:
+    """The ``metadata.resourceVersion`` a client's body or patch asks for ("" when none)."""
+    value = get_field(body, ("metadata", "resourceVersion"))
+    return value if isinstance(value, str) else ""
+
+
+def pinned_update(
+    info: RequestInfo, kind: KindSpec, body: KubeObject, current: KubeObject
+) -> Decision | KubeObject:
+    """``body`` pinned to ``current``'s resourceVersion; 409 if the client asked for another."""
+    stored_rv = stored_resource_version(current)
+    if conflict := stale_conflict(info, kind, requested_resource_version(body), stored_rv):
+        return conflict
+    return pin_resource_version(body, stored_rv)
 
 
 def stale_conflict(info: RequestInfo, kind: KindSpec, asked: str, stored: str) -> Decision | None:
@@ -106,7 +116,7 @@ def patch_result(
     """The object a patch of ``current`` would store and the patch pinned to ``current``'s
     resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape)."""
     stored_rv = stored_resource_version(current)
-    if conflict := stale_conflict(info, kind, patch_resource_version(patch), stored_rv):
+    if conflict := stale_conflict(info, kind, requested_resource_version(patch), stored_rv):
         return conflict
     try:
         result = proposed or patched_object(media_type, current, patch)
