@@ -25,7 +25,7 @@ from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import Upstream, read_json_object
 
 __all__ = [
     "MAX_FILTERED_BODY",
@@ -179,22 +179,12 @@ async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
 
 
 async def _read_json(content: aiohttp.StreamReader, what: str) -> KubeObject:
-    data = bytearray()
-    async for chunk in content.iter_any():
-        data += chunk
-        if len(data) > MAX_FILTERED_BODY:
-            raise UpstreamError(
-                502,
-                f"the upstream {what} exceeds {MAX_FILTERED_BODY} bytes, the most the gatekeeper "
-                "filters in memory: list in pages (limit=)",
-            )
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise UpstreamError(502, f"upstream sent invalid JSON for a filtered {what}") from exc
-    if not isinstance(document, dict):
-        raise UpstreamError(502, f"upstream sent a non-object for a filtered {what}")
-    return document
+    return await read_json_object(
+        content,
+        f"filtered {what}",
+        limit=MAX_FILTERED_BODY,
+        too_large=", the most the gatekeeper filters in memory: list in pages (limit=)",
+    )
 
 
 def _key(obj: KubeObject) -> _Key:

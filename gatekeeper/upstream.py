@@ -13,7 +13,10 @@ from gatekeeper.errors import UpstreamError
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context
 from gatekeeper.types import KubeObject
 
-__all__ = ["Upstream"]
+__all__ = ["MAX_OBJECT_BYTES", "Upstream", "read_json_object"]
+
+MAX_OBJECT_BYTES = 16 * 1024 * 1024
+"""The most the gatekeeper reads of one object it fetches (etcd stores at most 1.5 MiB)."""
 
 _REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
 _WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
@@ -79,13 +82,7 @@ class Upstream:
             headers["Content-Type"] = media_type
             payload = json.dumps(body).encode()
         async with self.request(method, target, headers, payload, long_running=False) as response:
-            raw = await response.read()
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            raise UpstreamError(502, f"upstream sent invalid JSON for {target}") from exc
-        if not isinstance(obj, dict):
-            raise UpstreamError(502, f"upstream sent a non-object for {target}")
+            obj = await read_json_object(response.content, target, limit=MAX_OBJECT_BYTES)
         return response.status, obj
 
     @asynccontextmanager
@@ -126,6 +123,27 @@ class Upstream:
             raise UpstreamError(503, "the upstream API server closed the connection") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamError(502, f"upstream request failed: {type(exc).__name__}") from exc
+
+
+async def read_json_object(
+    content: aiohttp.StreamReader, what: str, *, limit: int, too_large: str = ""
+) -> KubeObject:
+    """An upstream JSON object read incrementally, never past ``limit`` bytes; else 502.
+
+    ``too_large`` is appended to the message when the limit is hit (what the client can do).
+    """
+    data = bytearray()
+    async for chunk in content.iter_any():
+        data += chunk
+        if len(data) > limit:
+            raise UpstreamError(502, f"the upstream {what} exceeds {limit} bytes{too_large}")
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise UpstreamError(502, f"upstream sent invalid JSON for {what}") from exc
+    if not isinstance(obj, dict):
+        raise UpstreamError(502, f"upstream sent a non-object for {what}")
+    return obj
 
 
 def _status_message(obj: KubeObject) -> str:
