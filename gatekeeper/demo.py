@@ -17,7 +17,7 @@ from gatekeeper.config import server_ssl_context
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.upstream import Upstream
 
 __all__ = ["DEMO_DRIVER", "DEMO_NODE", "run_demo"]
@@ -71,19 +71,7 @@ def _seed(api: APIServer) -> None:
         ("demo-node-nic.example.com-0", "nic.example.com", DEMO_NODE),
         ("other-node-gpu.example.com-0", DEMO_DRIVER, "other-node"),
     ):
-        api.add(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": name},
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [{"name": "gpu-0"}],
-                },
-            }
-        )
+        api.add(resource_slice(name, driver=driver, node=node))
 
 
 def _write_pki(workdir: Path, ca) -> dict[str, str]:  # type: ignore[no-untyped-def]

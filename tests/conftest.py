@@ -20,7 +20,7 @@ from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_ser
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.upstream import Upstream
 
 NODE = "node-a"
@@ -173,17 +173,7 @@ def write_kubeconfig(directory: Path, gatekeeper: Running, driver: str) -> Path:
 def slice_manifest(
     name: str, driver: str = GPU, node: str = NODE, pool: str = NODE
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
+    return resource_slice(name, driver=driver, node=node, pool=pool)
 
 
 class Kubectl:

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer
+from gatekeeper.testing import APIServer, resource_slice
 from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -23,18 +23,7 @@ def slice_body(
     node: str = NODE,
     pool: str = "node-a-gpus",
 ) -> dict[str, Any]:
-    metadata = {"name": name} if name else {"generateName": f"{NODE}-{driver}-"}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": metadata,
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
+    return resource_slice(name, driver=driver, node=node, pool=pool)
 
 
 def seed(apiserver: APIServer, **kwargs: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from gatekeeper.testing._dra import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
+from gatekeeper.testing._factories import resource_slice
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._policy import served_kinds
 from gatekeeper.testing.apiserver import APIServer, JournalEntry, running_api_server
@@ -23,6 +24,7 @@ __all__ = [
     "ServedKind",
     "Store",
     "StoreEvent",
+    "resource_slice",
     "running_api_server",
     "served_kinds",
 ]
