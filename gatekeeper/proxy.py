@@ -156,47 +156,60 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         headers["Accept"] = PLAIN_JSON
         if flow.long_running:
             watch_state = await prime_watch(upstream, target, decision.filter)
-    async with upstream.request(
-        target.method, target.target, headers, payload, long_running=flow.long_running
-    ) as upstream_response:
-        flow.upstream_audit_id = upstream_response.headers.get("Audit-Id", "")
-        flow.status_code = upstream_response.status
-        response = web.StreamResponse(
-            status=upstream_response.status,
-            headers=response_headers(upstream_response.headers, audit_id=flow.audit_id),
-        )
-        gk = request.app[GATEKEEPER]
-        capture = ResponseCapture(
-            gk.audit_level is AuditLevel.REQUEST_RESPONSE
-            and logs_bodies(flow.info)
-            and not flow.long_running,
-            upstream_response.headers.get("Content-Type", ""),
-        )
-        if upstream_response.status >= 400:
-            payload = await upstream_response.content.read(_MAX_CAPTURED_ERROR)
-            flow.status_message = _message_of(payload)
-            await response.prepare(request)
-            capture.feed(payload)
-            await response.write(payload)
-            async for chunk in upstream_response.content.iter_any():
-                capture.feed(chunk)
-                await response.write(chunk)
-        else:
-            chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
-            if decision.filter is not None:
-                chunks = await scoped_chunks(
-                    target, upstream_response.content, decision.filter, watch_state
-                )
-            await response.prepare(request)
-            flow.response_started = datetime.now(UTC)
-            if flow.long_running:
-                hint = client_audit_id(request.headers)
-                event = build_event(flow, gk.audit_level, STAGE_STARTED, client_audit_id=hint)
-                await gk.audit.emit(event)
-            async for chunk in chunks:
-                capture.feed(chunk)
-                await response.write(chunk)
-        await response.write_eof()
+    response: web.StreamResponse | None = None
+    try:
+        async with upstream.request(
+            target.method, target.target, headers, payload, long_running=flow.long_running
+        ) as upstream_response:
+            flow.upstream_audit_id = upstream_response.headers.get("Audit-Id", "")
+            flow.status_code = upstream_response.status
+            response = web.StreamResponse(
+                status=upstream_response.status,
+                headers=response_headers(upstream_response.headers, audit_id=flow.audit_id),
+            )
+            gk = request.app[GATEKEEPER]
+            capture = ResponseCapture(
+                gk.audit_level is AuditLevel.REQUEST_RESPONSE
+                and logs_bodies(flow.info)
+                and not flow.long_running,
+                upstream_response.headers.get("Content-Type", ""),
+            )
+            if upstream_response.status >= 400:
+                payload = await upstream_response.content.read(_MAX_CAPTURED_ERROR)
+                flow.status_message = _message_of(payload)
+                await response.prepare(request)
+                capture.feed(payload)
+                await response.write(payload)
+                async for chunk in upstream_response.content.iter_any():
+                    capture.feed(chunk)
+                    await response.write(chunk)
+            else:
+                chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
+                if decision.filter is not None:
+                    chunks = await scoped_chunks(
+                        target, upstream_response.content, decision.filter, watch_state
+                    )
+                await response.prepare(request)
+                flow.response_started = datetime.now(UTC)
+                if flow.long_running:
+                    hint = client_audit_id(request.headers)
+                    event = build_event(flow, gk.audit_level, STAGE_STARTED, client_audit_id=hint)
+                    await gk.audit.emit(event)
+                async for chunk in chunks:
+                    capture.feed(chunk)
+                    await response.write(chunk)
+            await response.write_eof()
+    except UpstreamError as error:
+        if response is None or not response.prepared:
+            raise
+        # The status line is already sent, so no Status can follow: break the driver's
+        # connection, as a dying apiserver would, so its client re-lists or re-watches
+        # instead of waiting on a stream that will never end.
+        log.warning("upstream failed mid-response audit_id=%s %s", flow.audit_id, error.message)
+        flow.finish(flow.status_code, error.message)
+        if request.transport is not None:
+            request.transport.close()
+        return response
     flow.response_object = capture.result()
     flow.finish(upstream_response.status)
     return response

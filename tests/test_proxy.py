@@ -10,8 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.testing import APIServer, resource_slice
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running
+from gatekeeper.upstream import Upstream
+from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
@@ -366,3 +368,37 @@ async def test_watch_events_arrive_as_they_happen(
         event = json.loads(await asyncio.wait_for(watch.content.readline(), 5))
         assert event["object"]["metadata"]["name"] == "node-a-gpu-3"
         watch.close()
+
+
+async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """After the status line no Status can follow: the driver must see the break, not hang."""
+    sent = b'{"type":"ADDED","object":{"kind":"ResourceSlice"}}\n'
+
+    async def dying_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(sent):x}\r\n".encode() + sent + b"\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()
+
+    server = await asyncio.start_server(dying_upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    upstream = Upstream(UpstreamConfig(server=url, token=NODE_TOKEN))
+    try:
+        async with (
+            running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running,
+            running.unix_session(GPU) as session,
+        ):
+            watch = await session.get(f"{SLICES}?{PINNED}&watch=true")
+            assert watch.status == 200
+            assert await asyncio.wait_for(watch.content.readline(), 5) == sent
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await asyncio.wait_for(watch.content.read(), 5)
+    finally:
+        server.close()
+        await server.wait_closed()
