@@ -49,6 +49,8 @@ class Flow:
     response_started: datetime | None = None
     completed: datetime | None = None
     upstream_audit_id: str = ""
+    client_audit_id: str = ""
+    """The driver's own ``Audit-ID``, sanitized: recorded as a hint, never used as the ID."""
 
     @property
     def long_running(self) -> bool:

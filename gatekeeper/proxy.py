@@ -78,6 +78,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         source_ips=(request.remote,) if request.remote else (),
         user_agent=request.headers.get("User-Agent", ""),
         node_name=gk.node_name,
+        client_audit_id=client_audit_id(request.headers),
     )
     try:
         flow.identity = identify(request.transport, gk.socket_drivers)
@@ -119,8 +120,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     finally:
         if flow.completed is None:
             flow.finish(flow.status_code or 499, "client disconnected")
-        hint = client_audit_id(request.headers)
-        await gk.audit.emit(build_event(flow, gk.audit_level, client_audit_id=hint))
+        await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
 async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
@@ -192,8 +192,7 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
                 await response.prepare(request)
                 flow.response_started = datetime.now(UTC)
                 if flow.long_running:
-                    hint = client_audit_id(request.headers)
-                    event = build_event(flow, gk.audit_level, STAGE_STARTED, client_audit_id=hint)
+                    event = build_event(flow, gk.audit_level, STAGE_STARTED)
                     await gk.audit.emit(event)
                 async for chunk in chunks:
                     capture.feed(chunk)

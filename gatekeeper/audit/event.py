@@ -90,13 +90,8 @@ def build_event(
     flow: Flow,
     level: AuditLevel,
     stage: str = STAGE_COMPLETE,
-    *,
-    client_audit_id: str = "",
 ) -> dict[str, Any]:
-    """One Event for ``stage``; bodies only at Request+ levels and only for resource requests.
-
-    ``client_audit_id`` is the driver's sanitized ``Audit-ID`` hint (see :func:`client_audit_id`).
-    """
+    """One Event for ``stage``; bodies only at Request+ levels and only for resource requests."""
     info = flow.info
     event: dict[str, Any] = {
         "kind": "Event",
@@ -126,7 +121,7 @@ def build_event(
     event["requestReceivedTimestamp"] = _timestamp(flow.received)
     stage_time = flow.completed if stage == STAGE_COMPLETE else flow.response_started
     event["stageTimestamp"] = _timestamp(stage_time or flow.received)
-    event["annotations"] = _annotations(flow, client_audit_id)
+    event["annotations"] = _annotations(flow)
     return event
 
 
@@ -167,7 +162,7 @@ def _user(flow: Flow) -> dict[str, Any]:
     return {"username": flow.identity.driver, "groups": [DRIVERS_GROUP], "extra": extra}
 
 
-def _annotations(flow: Flow, client_id: str) -> dict[str, str]:
+def _annotations(flow: Flow) -> dict[str, str]:
     annotations: dict[str, str] = {}
     if flow.refusal is not None:
         annotations[DECISION_ANNOTATION] = "forbid"
@@ -179,8 +174,8 @@ def _annotations(flow: Flow, client_id: str) -> dict[str, str]:
         annotations[ERROR_ANNOTATION] = flow.status_message or "failed before a decision"
     if flow.upstream_audit_id:
         annotations[UPSTREAM_AUDIT_ID_ANNOTATION] = flow.upstream_audit_id
-    if client_id:
-        annotations[CLIENT_AUDIT_ID_ANNOTATION] = client_id
+    if flow.client_audit_id:
+        annotations[CLIENT_AUDIT_ID_ANNOTATION] = flow.client_audit_id
     if flow.info is not None and flow.info.verb == "patch" and flow.body is not None:
         annotations[CONTENT_TYPE_ANNOTATION] = flow.media_type
     return annotations
