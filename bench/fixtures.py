@@ -1,0 +1,181 @@
+"""What every benchmark target shares: the objects, a throw-away PKI, kubeconfig, free ports.
+
+Nothing here is committed key material: the CA and certificates are made in a temporary
+directory for one run and removed with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.testing import resource_slice
+
+__all__ = [
+    "DRIVER",
+    "NODE",
+    "PINNED_QUERY",
+    "ROOT",
+    "SLICES",
+    "TOKEN",
+    "Pki",
+    "free_port",
+    "item_slice",
+    "list_document",
+    "make_pki",
+    "python_process",
+    "slice_body",
+    "stop_process",
+    "wait_ready",
+    "write_kubeconfig",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE, DRIVER, TOKEN = "node-a", "gpu.example.com", "bench-token"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PINNED_QUERY = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{DRIVER}"
+ITEM_NAME = f"{NODE}-bench"
+
+
+def slice_body(name: str, *, devices: int = 20) -> dict[str, Any]:
+    """About 2 KB with 20 devices: a slice of ``DRIVER`` on ``NODE``."""
+    items = [
+        {"name": f"gpu-{i}", "attributes": {"index": {"int": i}, "model": {"string": "bench-x"}}}
+        for i in range(devices)
+    ]
+    return resource_slice(name, driver=DRIVER, node=NODE, devices=items)
+
+
+def item_slice(name: str = ITEM_NAME, rv: int = 1) -> dict[str, Any]:
+    """The stored object a fixed-answer upstream returns for every get/update."""
+    obj = slice_body(name)
+    obj["metadata"].update(
+        uid=f"00000000-0000-4000-8000-{rv:012d}",
+        resourceVersion=str(rv),
+        creationTimestamp="2026-01-01T00:00:00Z",
+    )
+    return obj
+
+
+def list_document(count: int) -> bytes:
+    """A ResourceSliceList of ``count`` ~2 KB slices (500 ≈ 1 MB), as the apiserver sends it."""
+    items = [item_slice(f"{NODE}-slice-{i:05d}", rv=i + 1) for i in range(count)]
+    doc = {
+        "kind": "ResourceSliceList",
+        "apiVersion": "resource.k8s.io/v1",
+        "metadata": {"resourceVersion": str(count + 1)},
+        "items": items,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Pki:
+    """Paths of a run's CA, server certificate (loopback) and the driver's client certificate."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+    client_pem: str
+    """Client certificate and key in one file (for ``ab -E``)."""
+
+
+def make_pki(workdir: Path) -> Pki:
+    ca = create_ca("dra-gatekeeper-bench-ca")
+    server = issue_server_cert(ca)
+    client = issue_client_cert(ca, DRIVER)
+    paths = {name: workdir / name for name in ("ca.crt", "srv.crt", "srv.key", "c.crt", "c.key")}
+    write_pem(paths["ca.crt"], ca.cert_pem)
+    write_pem(paths["srv.crt"], server.cert_pem)
+    write_pem(paths["srv.key"], server.key_pem, private=True)
+    write_pem(paths["c.crt"], client.cert_pem)
+    write_pem(paths["c.key"], client.key_pem, private=True)
+    both = workdir / "client.pem"
+    write_pem(both, client.cert_pem + client.key_pem, private=True)
+    return Pki(
+        *(str(paths[n]) for n in ("ca.crt", "srv.crt", "srv.key", "c.crt", "c.key")), str(both)
+    )
+
+
+def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
+    """The node's kubeconfig for ``dra-gatekeeper serve``: the upstream, its CA, a token."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "up", "cluster": {"server": server, "certificate-authority": pki.ca}}
+        ],
+        "users": [{"name": "node", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "bench", "context": {"cluster": "up", "user": "node"}}],
+        "current-context": "bench",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def python_process(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``python ARGS`` from the repository root, output to ``log``."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=full_env
+        )
+
+
+def wait_ready(
+    proc: subprocess.Popen | None,
+    *,
+    port: int | None = None,
+    path: str | None = None,
+    timeout: float = 20.0,
+    what: str = "process",
+    log: Path | None = None,
+) -> None:
+    """Until ``port`` accepts or ``path`` exists; RuntimeError (with the log) on exit/timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        if path is not None and os.path.exists(path):
+            return
+        if port is not None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+    raise RuntimeError(f"{what} did not start within {timeout:.0f} s\n{tail}")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 5 s: only this process, which the benchmark started."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)

@@ -1,0 +1,91 @@
+"""A naive aiohttp pass-through (no checks at all), in its own process: the floor of the stack.
+
+    python -m bench.naive_proxy --upstream URL --ca F --token T (--port P --cert F --key F
+        --client-ca F | --socket PATH)
+
+Same listener shape as the gatekeeper (mTLS or a Unix socket), same upstream session shape
+(one keep-alive pool, node token added), the answer streamed back as it arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+
+import aiohttp
+from aiohttp import web
+
+__all__ = ["main"]
+
+_FORWARDED = ("Accept", "Content-Type", "User-Agent")
+_SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
+def build_app(upstream: str, ca: str, token: str) -> web.Application:
+    app = web.Application(client_max_size=0)
+
+    async def start(app: web.Application) -> None:
+        context = ssl.create_default_context(cafile=ca)
+        app[_SESSION] = aiohttp.ClientSession(
+            base_url=upstream, connector=aiohttp.TCPConnector(ssl=context, limit=100)
+        )
+
+    async def stop(app: web.Application) -> None:
+        await app[_SESSION].close()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        headers = {k: request.headers[k] for k in _FORWARDED if k in request.headers}
+        headers["Authorization"] = f"Bearer {token}"
+        body = await request.read() if request.can_read_body else None
+        session = request.app[_SESSION]
+        async with session.request(
+            request.method, request.raw_path, headers=headers, data=body, allow_redirects=False
+        ) as upstream_response:
+            response = web.StreamResponse(
+                status=upstream_response.status,
+                headers={"Content-Type": upstream_response.headers.get("Content-Type", "")},
+            )
+            await response.prepare(request)
+            async for chunk in upstream_response.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--ca", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--cert")
+    parser.add_argument("--key")
+    parser.add_argument("--client-ca")
+    parser.add_argument("--socket")
+    args = parser.parse_args()
+    app = build_app(args.upstream, args.ca, args.token)
+    if args.socket:
+        web.run_app(app, path=args.socket, access_log=None, print=None, shutdown_timeout=1)
+        return
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.client_ca)
+    context.load_cert_chain(args.cert, args.key)
+    context.verify_mode = ssl.CERT_REQUIRED
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        ssl_context=context,
+        access_log=None,
+        print=None,
+        backlog=2048,
+        shutdown_timeout=1,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The benchmark's results as Markdown tables (what the README's Performance section shows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render"]
+
+_ORDER = ("direct", "nginx", "naive", "gatekeeper", "gatekeeper-unix", "gatekeeper-audit")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "—"
+
+
+def _throughput(report: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for workload, by_c in report["throughput"].items():
+        first = next(iter(by_c.values()))
+        targets = [t for t in _ORDER if t in first] + [t for t in first if t not in _ORDER]
+        lines.append(f"\n#### {workload}: req/s, p50 / p99 ms (median of runs)\n")
+        lines.append(
+            "| c | " + " | ".join(targets) + " | gk/direct | gk/nginx | gk/naive |"
+            " gk p50 - direct p50 |"
+        )
+        lines.append("|---" * (len(targets) + 5) + "|")
+        for c, row in by_c.items():
+            cells = []
+            for t in targets:
+                cell = row[t]
+                bad = f" ⚠{cell['errors']} errors {cell['statuses']}" if cell["errors"] else ""
+                cells.append(
+                    f"{cell['rps']:,.0f} ({cell['p50_ms']:.2f} / {cell['p99_ms']:.2f})" + bad
+                )
+            gk = row.get("gatekeeper", {"rps": 0, "p50_ms": 0})
+            direct = row.get("direct", {"rps": 0, "p50_ms": 0})
+            nginx = row.get("nginx", {"rps": 0})
+            naive = row.get("naive", {"rps": 0})
+            added = gk["p50_ms"] - direct["p50_ms"]
+            lines.append(
+                f"| {c[2:]} | " + " | ".join(cells) + f" | {_ratio(gk['rps'], direct['rps'])}"
+                f" | {_ratio(gk['rps'], nginx['rps'])} | {_ratio(gk['rps'], naive['rps'])}"
+                f" | {added:+.2f} ms |"
+            )
+    return lines
+
+
+def _engine(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "\n#### Decision engine alone (best of 3, µs per call)\n",
+        "| request | decide | parse |",
+        "|---|---|---|",
+    ]
+    for row in report["engine"]:
+        lines.append(f"| {row['name']} | {row['decide_us']:.1f} | {row['parse_us']:.1f} |")
+    return lines
+
+
+def _resources(report: dict[str, Any]) -> list[str]:
+    r = report["resources"]
+    delays = r["delay_ms"]
+    gk = delays.get("gatekeeper", (0, 0))
+    direct = delays.get("direct", (0, 0))
+    return [
+        "\n#### Memory, watches, audit\n",
+        "| measure | value |",
+        "|---|---|",
+        f"| RSS idle | {r['rss_idle_mb']:.1f} MB |",
+        f"| {r['big_list_mb']:.0f} MB pinned list streamed through | {r['big_list_seconds']:.2f} s,"
+        f" RSS growth {r['big_list_growth_mb']:.1f} MB |",
+        f"| {r['watches']} watches asked, {r['watches_open']} open end to end | RSS "
+        f"{r['rss_watches_mb']:.1f} MB ({r['kb_per_watch']:.0f} KB per watch) |",
+        f"| idle CPU with the watches open, over {r['idle_seconds']:.1f} s |"
+        f" {r['idle_cpu_percent']:.2f} % of a core |",
+        f"| watch event delay, {r['watches_open']} watches (p50 / p99) | gatekeeper "
+        f"{gk[0]:.2f} / {gk[1]:.2f} ms; direct {direct[0]:.2f} / {direct[1]:.2f} ms |",
+        f"| audit writer alone | {report['audit_writer_events_per_s']:,.0f} events/s |",
+    ]
+
+
+def _wrk(report: dict[str, Any]) -> list[str]:
+    wrk = report.get("wrk_direct", {})
+    if "skipped" in wrk or not wrk:
+        return [f"\nwrk check of the generator: {wrk.get('skipped', 'not run')}"]
+    direct = report["throughput"]
+    lines = [
+        "\n#### Load generator check: wrk vs this generator, against the direct upstream\n",
+        "| workload | wrk req/s (p50 ms) | generator req/s (p50 ms) |",
+        "|---|---|---|",
+    ]
+    for key, values in wrk.items():
+        workload, c = key.split(" ")
+        ours = direct.get(workload, {}).get(c, {}).get("direct")
+        mine = f"{ours['rps']:,.0f} ({ours['p50_ms']:.2f})" if ours else "—"
+        lines.append(
+            f"| {key} | {values.get('rps', 0):,.0f} ({values.get('p50_ms', 0):.2f}) | {mine} |"
+        )
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    before, after = report["machine_before"], report["machine_after"]
+    lines = [
+        f"### dra-gatekeeper benchmark, {before['time']}",
+        f"machine: {before['nproc']} CPUs ({before['cpu']}), Linux {before['kernel']}, Python "
+        f"{before['python']}, {before['versions']}; loadavg before {' '.join(before['loadavg'])},"
+        f" after {' '.join(after['loadavg'])}",
+        f"upstream: {report['upstream']}; skipped: {report['skipped'] or 'nothing'}",
+        "targets: direct = the upstream itself; gatekeeper = `dra-gatekeeper serve` over mTLS "
+        "(-unix: the driver's Unix socket; -audit: audit log to a file); nginx = plain mTLS "
+        "reverse proxy (1 worker); naive = aiohttp pass-through without checks",
+    ]
+    lines += _throughput(report) + _wrk(report) + _engine(report) + _resources(report)
+    return "\n".join(lines)

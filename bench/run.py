@@ -1,0 +1,286 @@
+"""The side-by-side benchmark, one command (issue 13; DESIGN §5):
+
+    python bench/run.py [--smoke] [--duration S] [--reps N] [--concurrency 1,16,64]
+                        [--workloads get,create,update,list] [--json FILE]
+
+Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and on) vs nginx
+as a plain reverse proxy (when installed) vs a naive aiohttp pass-through, against one fast
+fixed-answer HTTPS upstream; small GET, 2 KB create, update (fetch + write), pinned list of
+500 slices (~1 MB), at each concurrency; interleaved repetitions (median of ``--reps``);
+then the engine alone, memory and watches, audit writer. Loopback only, every loop bounded.
+``--smoke`` runs a seconds-long version (CI: it only has to run and produce numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # python bench/run.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.fixtures import PINNED_QUERY, SLICES, item_slice, slice_body
+from bench.loadgen import LoadResult, Target, Workload, generator_pool, run_load
+from bench.report import render
+from bench.stack import Stack
+
+__all__ = ["Profile", "main", "run"]
+
+WORKLOADS = {
+    "get": Workload("small GET", "GET", f"{SLICES}/node-a-bench"),
+    "create": Workload(
+        "2 KB create", "POST", SLICES, json.dumps(slice_body("node-a-w-{n}")).encode()
+    ),
+    "update": Workload(
+        "update (fetch + write)", "PUT", f"{SLICES}/node-a-bench", json.dumps(item_slice()).encode()
+    ),
+    "list": Workload("pinned list, 500 slices", "GET", f"{SLICES}?{PINNED_QUERY}"),
+}
+
+
+@dataclass
+class Profile:
+    duration: float = 2.0
+    reps: int = 3
+    concurrency: tuple[int, ...] = (1, 16, 64)
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    targets: tuple[str, ...] = ()
+    """Empty: every target that could be started."""
+    settle: float = 0.3
+    list_count: int = 500
+    engine_rounds: int = 20_000
+    watches: int = 1000
+    idle_seconds: float = 30.0
+    big_mb: int = 50
+    delay_rounds: int = 10
+    audit_events: int = 100_000
+    wrk: bool = True
+    nginx: bool = True
+
+    @classmethod
+    def smoke(cls) -> Profile:
+        return cls(
+            duration=0.1,
+            reps=1,
+            concurrency=(2,),
+            settle=0.05,
+            list_count=50,
+            engine_rounds=200,
+            watches=20,
+            idle_seconds=0.3,
+            big_mb=2,
+            delay_rounds=2,
+            audit_events=2000,
+            wrk=False,
+        )
+
+
+@dataclass
+class Cell:
+    """Median over the repetitions of one (workload, concurrency, target)."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    statuses: dict[str, int]
+    runs: list[float] = field(default_factory=list)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for name in ("aiohttp", "uvloop", "orjson"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = "absent"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3] if cpuinfo.exists() else [],
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "versions": versions,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _cell(results: list[LoadResult]) -> Cell:
+    statuses: dict[str, int] = {}
+    for result in results:
+        for code, count in result.statuses.items():
+            statuses[str(code)] = statuses.get(str(code), 0) + count
+    return Cell(
+        rps=statistics.median(r.rps for r in results),
+        p50_ms=statistics.median(r.percentile(0.5) for r in results),
+        p99_ms=statistics.median(r.percentile(0.99) for r in results),
+        errors=sum(r.errors for r in results),
+        statuses=statuses,
+        runs=[round(r.rps, 1) for r in results],
+    )
+
+
+def throughput(stack: Stack, profile: Profile, log: Any) -> dict[str, dict[str, dict[str, Cell]]]:
+    """workload → "c=N" → target → Cell; targets interleaved, order rotated each repetition."""
+    names = [n for n in (profile.targets or stack.targets) if n in stack.targets]
+    table: dict[str, dict[str, dict[str, Cell]]] = {}
+    pool = generator_pool(os.cpu_count() or 1)
+    try:
+        for key in profile.workloads:
+            workload = WORKLOADS[key]
+            table[key] = {}
+            for concurrency in profile.concurrency:
+                runs: dict[str, list[LoadResult]] = {n: [] for n in names}
+                for rep in range(profile.reps):
+                    order = names[rep % len(names) :] + names[: rep % len(names)]
+                    for name in order:
+                        runs[name].append(
+                            run_load(
+                                pool,
+                                stack.targets[name],
+                                workload,
+                                concurrency=concurrency,
+                                duration=profile.duration,
+                                settle=profile.settle,
+                            )
+                        )
+                table[key][f"c={concurrency}"] = {n: _cell(r) for n, r in runs.items()}
+                log(
+                    f"  {workload.name} c={concurrency}: "
+                    + ", ".join(
+                        f"{n} {c.rps:,.0f}/s" for n, c in table[key][f"c={concurrency}"].items()
+                    )
+                )
+    finally:
+        pool.shutdown()
+    return table
+
+
+def wrk_check(target: Target, profile: Profile) -> dict[str, Any]:
+    """wrk against the direct upstream: is our generator the bottleneck? (wrk has no client
+    certificate option, so it can only measure targets that do not ask for one.)"""
+    binary = shutil.which("wrk")
+    if binary is None or not profile.wrk:
+        return {"skipped": "wrk is not installed" if binary is None else "off"}
+    out: dict[str, Any] = {}
+    for key in ("get", "list"):
+        for concurrency in profile.concurrency:
+            url = f"https://localhost:{target.port}{WORKLOADS[key].path}"
+            threads = min(concurrency, os.cpu_count() or 1)
+            args = [
+                binary,
+                f"-t{threads}",
+                f"-c{concurrency}",
+                f"-d{max(1, round(profile.duration))}s",
+                "--latency",
+                url,
+            ]
+            text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+            out[f"{key} c={concurrency}"] = _parse_wrk(text)
+    return out
+
+
+def _parse_wrk(text: str) -> dict[str, float]:
+    units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    result: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if line.startswith("Requests/sec:"):
+            result["rps"] = float(parts[1])
+        elif parts[:1] in (["50%"], ["99%"]):
+            value = parts[1]
+            unit = next(u for u in ("us", "ms", "s") if value.endswith(u))
+            result[f"p{parts[0][:-1]}_ms"] = float(value[: -len(unit)]) * units[unit]
+    return result
+
+
+def run(profile: Profile, log: Any = print) -> dict[str, Any]:
+    """Everything, in one run; the results as plain data (also what ``--json`` writes)."""
+    from bench.audit_bench import bench_writer
+    from bench.engine_bench import measure_engine
+    from bench.resources import measure_resources
+
+    report: dict[str, Any] = {"machine_before": machine(), "profile": asdict(profile)}
+    with Stack.create(profile.list_count) as stack:
+        stack.start_all(use_nginx=profile.nginx)
+        report["upstream"] = stack.upstream_kind
+        report["skipped"] = dict(stack.skipped)
+        log(f"upstream: {stack.upstream_kind}; targets: {', '.join(stack.targets)}")
+        report["throughput"] = {
+            w: {c: {t: asdict(cell) for t, cell in row.items()} for c, row in by_c.items()}
+            for w, by_c in throughput(stack, profile, log).items()
+        }
+        report["wrk_direct"] = wrk_check(stack.targets["direct"], profile)
+        log("engine, resources, audit ...")
+        report["engine"] = [asdict(r) for r in measure_engine(profile.engine_rounds)]
+        report["resources"] = asdict(
+            measure_resources(
+                stack,
+                watches=profile.watches,
+                idle_seconds=profile.idle_seconds,
+                big_mb=profile.big_mb,
+                rounds=profile.delay_rounds,
+            )
+        )
+        import asyncio
+
+        report["audit_writer_events_per_s"] = asyncio.run(
+            bench_writer(stack.workdir, profile.audit_events)
+        )
+    report["machine_after"] = machine()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="seconds-long CI version")
+    parser.add_argument("--duration", type=float, help="seconds per measurement (default 2)")
+    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 3)")
+    parser.add_argument("--concurrency", help="comma list (default 1,16,64)")
+    parser.add_argument("--workloads", help=f"comma list of {','.join(WORKLOADS)}")
+    parser.add_argument("--targets", help="comma list (default: all that started)")
+    parser.add_argument("--watches", type=int, help="open watches (default 1000)")
+    parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 30)")
+    parser.add_argument("--big-mb", type=int, help="big list size in MB (default 50)")
+    parser.add_argument("--no-nginx", action="store_true", help="do not use nginx even if present")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args(argv)
+    profile = Profile.smoke() if args.smoke else Profile()
+    for name in ("duration", "reps", "watches", "idle_seconds", "big_mb"):
+        if getattr(args, name) is not None:
+            setattr(profile, name, getattr(args, name))
+    if args.concurrency:
+        profile.concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    if args.workloads:
+        profile.workloads = tuple(args.workloads.split(","))
+    if args.targets:
+        profile.targets = tuple(args.targets.split(","))
+    profile.nginx = not args.no_nginx
+    report = run(profile, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(render(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The processes of one benchmark run, started side by side and always stopped.
+
+- the throughput upstream: nginx serving fixed answers when installed, else
+  :mod:`bench.upstream_app` (both HTTPS on loopback);
+- ``dra-gatekeeper serve`` (a real subprocess: mTLS listener and the driver's Unix socket);
+- nginx as a plain reverse proxy (when installed); the naive aiohttp pass-through.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.fixtures import (
+    DRIVER,
+    NODE,
+    TOKEN,
+    Pki,
+    free_port,
+    make_pki,
+    python_process,
+    stop_process,
+    wait_ready,
+    write_kubeconfig,
+)
+from bench.loadgen import Target
+from bench.nginx import find_nginx, start_fixed_upstream, start_reverse_proxy
+
+__all__ = ["Gatekeeper", "Stack", "start_gatekeeper", "start_python_upstream"]
+
+
+@dataclass
+class Gatekeeper:
+    proc: subprocess.Popen
+    port: int
+    socket: str
+    log: Path
+
+
+@dataclass
+class Stack:
+    """A run's working directory, PKI, and every started process (stopped by ``close``)."""
+
+    workdir: Path
+    pki: Pki
+    list_count: int
+    upstream_kind: str = ""
+    upstream_url: str = ""
+    targets: dict[str, Target] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _exit: ExitStack = field(default_factory=ExitStack)
+
+    @classmethod
+    def create(cls, list_count: int) -> Stack:
+        workdir = Path(tempfile.mkdtemp(prefix="gk-bench-"))
+        return cls(workdir, make_pki(workdir), list_count)
+
+    def client_target(self, name: str, port: int) -> Target:
+        p = self.pki
+        return Target(name, port=port, ca=p.ca, cert=p.client_cert, key=p.client_key)
+
+    def add(self, name: str, proc: subprocess.Popen) -> subprocess.Popen:
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self, *, use_nginx: bool = True, audit: bool = True) -> None:
+        nginx = find_nginx() if use_nginx else None
+        self._start_upstream(nginx)
+        port = free_port()
+        gk = start_gatekeeper(self, "gatekeeper", self.upstream_url, port)
+        self.targets["gatekeeper"] = self.client_target("gatekeeper", gk.port)
+        self.targets["gatekeeper-unix"] = Target("gatekeeper-unix", path=gk.socket)
+        if audit:
+            gk = start_gatekeeper(
+                self,
+                "gatekeeper-audit",
+                self.upstream_url,
+                free_port(),
+                audit_log=self.workdir / "audit.log",
+            )
+            self.targets["gatekeeper-audit"] = self.client_target("gatekeeper-audit", gk.port)
+        if nginx:
+            port = free_port()
+            upstream_port = int(self.upstream_url.rsplit(":", 1)[1])
+            self.add(
+                "nginx-proxy",
+                start_reverse_proxy(
+                    nginx, self.workdir / "nginx-proxy", port, upstream_port, self.pki
+                ),
+            )
+            wait_ready(self.procs["nginx-proxy"], port=port, what="nginx proxy")
+            self.targets["nginx"] = self.client_target("nginx", port)
+        else:
+            self.skipped["nginx"] = "nginx is not installed"
+        port = free_port()
+        log = self.workdir / "naive.log"
+        self.add(
+            "naive",
+            python_process(
+                [
+                    "-m",
+                    "bench.naive_proxy",
+                    "--upstream",
+                    self.upstream_url,
+                    "--ca",
+                    self.pki.ca,
+                    "--token",
+                    TOKEN,
+                    "--port",
+                    str(port),
+                    "--cert",
+                    self.pki.server_cert,
+                    "--key",
+                    self.pki.server_key,
+                    "--client-ca",
+                    self.pki.ca,
+                ],
+                log,
+            ),
+        )
+        wait_ready(self.procs["naive"], port=port, what="naive proxy", log=log)
+        self.targets["naive"] = self.client_target("naive", port)
+
+    def _start_upstream(self, nginx: str | None) -> None:
+        port = free_port()
+        if nginx:
+            self.add(
+                "upstream",
+                start_fixed_upstream(
+                    nginx, self.workdir / "nginx-upstream", port, self.pki, self.list_count
+                ),
+            )
+            self.upstream_kind = "nginx serving fixed JSON (HTTPS, 1 worker)"
+        else:
+            self.add("upstream", start_python_upstream(self, port, self.list_count))
+            self.upstream_kind = "bench.upstream_app: aiohttp fixed answers (HTTPS, 1 process)"
+        wait_ready(self.procs["upstream"], port=port, what="upstream")
+        self.upstream_url = f"https://127.0.0.1:{port}"
+        self.targets["direct"] = Target(
+            "direct", port=port, ca=self.pki.ca, headers=(("Authorization", f"Bearer {TOKEN}"),)
+        )
+
+    def close(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            stop_process(proc)
+        self.procs.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_python_upstream(
+    stack: Stack, port: int, list_count: int, big_mb: int = 0
+) -> subprocess.Popen:
+    log = stack.workdir / f"upstream-{port}.log"
+    proc = python_process(
+        [
+            "-m",
+            "bench.upstream_app",
+            "--port",
+            str(port),
+            "--cert",
+            stack.pki.server_cert,
+            "--key",
+            stack.pki.server_key,
+            "--workdir",
+            str(stack.workdir),
+            "--list-count",
+            str(list_count),
+            "--big-mb",
+            str(big_mb),
+        ],
+        log,
+    )
+    wait_ready(proc, port=port, what="python upstream", log=log, timeout=60)
+    return proc
+
+
+def start_gatekeeper(
+    stack: Stack, name: str, upstream_url: str, port: int, *, audit_log: Path | None = None
+) -> Gatekeeper:
+    """``dra-gatekeeper serve`` with the mTLS listener on ``port`` and the driver's socket."""
+    work = stack.workdir / name
+    work.mkdir()
+    kubeconfig = write_kubeconfig(work / "kubeconfig", upstream_url, stack.pki)
+    sockets = work / "sockets"
+    args = [
+        "-m",
+        "gatekeeper",
+        "serve",
+        "--node-name",
+        NODE,
+        "--driver",
+        DRIVER,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--tls-cert-file",
+        stack.pki.server_cert,
+        "--tls-key-file",
+        stack.pki.server_key,
+        "--client-ca-file",
+        stack.pki.ca,
+        "--socket-dir",
+        str(sockets),
+    ]
+    if audit_log is not None:
+        args += ["--audit-log", str(audit_log)]
+    log = work / "serve.log"
+    proc = stack.add(name, python_process(args, log))
+    socket = str(sockets / DRIVER / "api.sock")
+    wait_ready(proc, port=port, what=name, log=log)
+    wait_ready(proc, path=socket, what=name, log=log)
+    return Gatekeeper(proc, port, socket, log)
