@@ -110,5 +110,7 @@ def render(report: dict[str, Any]) -> str:
         "(-unix: the driver's Unix socket; -audit: audit log to a file); nginx = plain mTLS "
         "reverse proxy (1 worker); naive = aiohttp pass-through without checks",
     ]
-    lines += _throughput(report) + _wrk(report) + _engine(report) + _resources(report)
+    lines += _throughput(report) + _wrk(report)
+    if "engine" in report:
+        lines += _engine(report) + _resources(report)
     return "\n".join(lines)

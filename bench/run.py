@@ -66,6 +66,8 @@ class Profile:
     audit_events: int = 100_000
     wrk: bool = True
     nginx: bool = True
+    extras: bool = True
+    """Engine, memory/watches and audit writer after the throughput matrix."""
 
     @classmethod
     def smoke(cls) -> Profile:
@@ -228,6 +230,9 @@ def run(profile: Profile, log: Any = print) -> dict[str, Any]:
             for w, by_c in throughput(stack, profile, log).items()
         }
         report["wrk_direct"] = wrk_check(stack.targets["direct"], profile)
+        if not profile.extras:
+            report["machine_after"] = machine()
+            return report
         log("engine, resources, audit ...")
         report["engine"] = [asdict(r) for r in measure_engine(profile.engine_rounds)]
         report["resources"] = asdict(
@@ -262,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 30)")
     parser.add_argument("--big-mb", type=int, help="big list size in MB (default 50)")
     parser.add_argument("--no-nginx", action="store_true", help="do not use nginx even if present")
+    parser.add_argument("--no-wrk", action="store_true", help="skip the wrk generator check")
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="skip engine, memory/watches and audit"
+    )
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args(argv)
     profile = Profile.smoke() if args.smoke else Profile()
@@ -275,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.targets:
         profile.targets = tuple(args.targets.split(","))
     profile.nginx = not args.no_nginx
+    profile.wrk = profile.wrk and not args.no_wrk
+    profile.extras = not args.throughput_only
     report = run(profile, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(render(report))
     if args.json:
