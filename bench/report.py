@@ -7,6 +7,7 @@ from typing import Any
 __all__ = ["render"]
 
 _ORDER = ("direct", "nginx", "naive", "gatekeeper", "gatekeeper-unix", "gatekeeper-audit")
+# With --compare, gatekeeper@REF columns follow the others (a before/after in one run).
 
 
 def _ratio(a: float, b: float) -> str:

@@ -66,6 +66,8 @@ class Profile:
     audit_events: int = 100_000
     wrk: bool = True
     nginx: bool = True
+    compare: tuple[str, ...] = ()
+    """Git refs whose gatekeeper runs beside this one, interleaved (target gatekeeper@REF)."""
     extras: bool = True
     """Engine, memory/watches and audit writer after the throughput matrix."""
 
@@ -141,7 +143,8 @@ def _cell(results: list[LoadResult]) -> Cell:
 
 def throughput(stack: Stack, profile: Profile, log: Any) -> dict[str, dict[str, dict[str, Cell]]]:
     """workload → "c=N" → target → Cell; targets interleaved, order rotated each repetition."""
-    names = [n for n in (profile.targets or stack.targets) if n in stack.targets]
+    wanted = profile.targets + tuple(f"gatekeeper@{ref}" for ref in profile.compare)
+    names = [n for n in (wanted or stack.targets) if n in stack.targets]
     table: dict[str, dict[str, dict[str, Cell]]] = {}
     pool = generator_pool(os.cpu_count() or 1)
     try:
@@ -221,7 +224,7 @@ def run(profile: Profile, log: Any = print) -> dict[str, Any]:
 
     report: dict[str, Any] = {"machine_before": machine(), "profile": asdict(profile)}
     with Stack.create(profile.list_count) as stack:
-        stack.start_all(use_nginx=profile.nginx)
+        stack.start_all(use_nginx=profile.nginx, compare=profile.compare)
         report["upstream"] = stack.upstream_kind
         report["skipped"] = dict(stack.skipped)
         log(f"upstream: {stack.upstream_kind}; targets: {', '.join(stack.targets)}")
@@ -267,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 30)")
     parser.add_argument("--big-mb", type=int, help="big list size in MB (default 50)")
     parser.add_argument("--no-nginx", action="store_true", help="do not use nginx even if present")
+    parser.add_argument(
+        "--compare", help="comma list of git refs: their gatekeeper too (A/B in one run)"
+    )
     parser.add_argument("--no-wrk", action="store_true", help="skip the wrk generator check")
     parser.add_argument(
         "--throughput-only", action="store_true", help="skip engine, memory/watches and audit"
@@ -284,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.targets:
         profile.targets = tuple(args.targets.split(","))
     profile.nginx = not args.no_nginx
+    if args.compare:
+        profile.compare = tuple(args.compare.split(","))
     profile.wrk = profile.wrk and not args.no_wrk
     profile.extras = not args.throughput_only
     report = run(profile, log=lambda line: print(line, file=sys.stderr, flush=True))

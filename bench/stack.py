@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.fixtures import (
     DRIVER,
     NODE,
+    ROOT,
     TOKEN,
     Pki,
     free_port,
@@ -30,7 +31,7 @@ from bench.fixtures import (
 from bench.loadgen import Target
 from bench.nginx import find_nginx, start_fixed_upstream, start_reverse_proxy
 
-__all__ = ["Gatekeeper", "Stack", "start_gatekeeper", "start_python_upstream"]
+__all__ = ["Gatekeeper", "Stack", "checkout", "start_gatekeeper", "start_python_upstream"]
 
 
 @dataclass
@@ -68,7 +69,9 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start_all(self, *, use_nginx: bool = True, audit: bool = True) -> None:
+    def start_all(
+        self, *, use_nginx: bool = True, audit: bool = True, compare: tuple[str, ...] = ()
+    ) -> None:
         nginx = find_nginx() if use_nginx else None
         self._start_upstream(nginx)
         port = free_port()
@@ -84,6 +87,12 @@ class Stack:
                 audit_log=self.workdir / "audit.log",
             )
             self.targets["gatekeeper-audit"] = self.client_target("gatekeeper-audit", gk.port)
+        for ref in compare:
+            name = f"gatekeeper@{ref}"
+            gk = start_gatekeeper(
+                self, name, self.upstream_url, free_port(), source=checkout(self, ref)
+            )
+            self.targets[name] = self.client_target(name, gk.port)
         if nginx:
             port = free_port()
             upstream_port = int(self.upstream_url.rsplit(":", 1)[1])
@@ -185,11 +194,28 @@ def start_python_upstream(
     return proc
 
 
+def checkout(stack: Stack, ref: str) -> Path:
+    """``gatekeeper/`` as of git ``ref``, unpacked in the run's directory (for ``--compare``)."""
+    out = stack.workdir / f"ref-{ref.replace('/', '_')}"
+    out.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "gatekeeper"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
 def start_gatekeeper(
-    stack: Stack, name: str, upstream_url: str, port: int, *, audit_log: Path | None = None
+    stack: Stack,
+    name: str,
+    upstream_url: str,
+    port: int,
+    *,
+    audit_log: Path | None = None,
+    source: Path | None = None,
 ) -> Gatekeeper:
     """``dra-gatekeeper serve`` with the mTLS listener on ``port`` and the driver's socket."""
-    work = stack.workdir / name
+    work = stack.workdir / name.replace("/", "_")
     work.mkdir()
     kubeconfig = write_kubeconfig(work / "kubeconfig", upstream_url, stack.pki)
     sockets = work / "sockets"
@@ -217,7 +243,8 @@ def start_gatekeeper(
     if audit_log is not None:
         args += ["--audit-log", str(audit_log)]
     log = work / "serve.log"
-    proc = stack.add(name, python_process(args, log))
+    env = {"PYTHONPATH": str(source)} if source is not None else None
+    proc = stack.add(name, python_process(args, log, env))
     socket = str(sockets / DRIVER / "api.sock")
     wait_ready(proc, port=port, what=name, log=log)
     wait_ready(proc, path=socket, what=name, log=log)
