@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from gatekeeper.audit import JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
+from gatekeeper.runtime import run
 from gatekeeper.server import GatekeeperServer
 from gatekeeper.upstream import Upstream
 
@@ -157,7 +158,7 @@ def _serve(ns: argparse.Namespace) -> int:
         ",".join(sorted(config.policy.drivers)),
         config.upstream.server,
     )
-    asyncio.run(run_until_signal(server.start, server.stop))
+    run(run_until_signal(server.start, server.stop))
     return 0
 
 
