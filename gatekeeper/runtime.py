@@ -1,9 +1,10 @@
-"""The event loop the gatekeeper runs on: uvloop when installed (its TLS and socket transports
-are C; the proxy does the same work at about twice the rate), else asyncio's own."""
+"""How the gatekeeper process runs: on uvloop when installed (C transports), else asyncio's
+loop; with the start-up heap frozen out of the cyclic GC and its young generation widened."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -13,6 +14,10 @@ __all__ = ["loop_factory", "run"]
 log = logging.getLogger("gatekeeper.runtime")
 
 _T = TypeVar("_T")
+
+_GC_THRESHOLDS = (20_000, 20, 50)
+"""Each request allocates a few hundred short-lived objects, almost none in cycles: collecting
+the young generation every 700 allocations (the default) costs more than it frees."""
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -25,7 +30,14 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:
-    """``asyncio.run(main)`` on the fastest loop available."""
+    """``asyncio.run(main)`` on the fastest loop available, with the GC tuned for serving.
+
+    What exists by now (modules, policy, configuration) lives for the whole process: frozen,
+    the collector never walks it again.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
     factory = loop_factory()
     log.info("event loop=%s", "uvloop" if factory is not None else "asyncio")
     with asyncio.Runner(loop_factory=factory) as runner:
