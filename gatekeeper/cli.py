@@ -14,7 +14,7 @@ from typing import NoReturn
 from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 log = logging.getLogger("gatekeeper")
 
@@ -45,32 +45,75 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     add = serve.add_argument
-    add("--node-name", help="this node's name (default: env NODE_NAME)")
-    add("--policy", help="policy file, reloaded when it changes (default: the packaged policy)")
-    add("--driver", action="append", default=[], help="allow this driver (repeatable)")
-    add("--kubeconfig", help="kubeconfig with the node's credentials (or env KUBECONFIG)")
+    add("--node-name", metavar="NAME", help="this node's name (default: env NODE_NAME)")
+    add(
+        "--policy",
+        metavar="FILE",
+        help="policy file, reloaded when it changes (default: the packaged policy)",
+    )
+    add(
+        "--driver",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="allow this driver (repeatable)",
+    )
+    add(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig with the node's credentials (or env KUBECONFIG)",
+    )
     add(
         "--node-label",
         action="append",
         default=[],
+        metavar="KEY=VALUE",
         help="KEY=VALUE: a label of this node, for claims allocated by label (repeatable)",
     )
-    add("--upstream", help="override the API server URL from the kubeconfig")
-    add("--socket-dir", help="listen on DIR/<driver>/api.sock for each driver")
-    add("--listen", help="HOST:PORT for the mTLS listener (driver = client cert CN)")
-    add("--tls-cert-file", help="the mTLS listener's serving certificate (PEM), reloaded")
-    add("--tls-key-file", help="the serving certificate's private key (PEM), reloaded")
-    add("--client-ca-file", help="CA that signs driver client certificates (PEM), reloaded")
-    add("--audit-log", help="audit log file, or - for stdout")
-    add("--audit-level", default="Metadata", help="Metadata, Request or RequestResponse")
+    add("--upstream", metavar="URL", help="override the API server URL from the kubeconfig")
+    add("--socket-dir", metavar="DIR", help="listen on DIR/<driver>/api.sock for each driver")
+    add(
+        "--listen",
+        metavar="HOST:PORT",
+        help="HOST:PORT for the mTLS listener (driver = client cert CN)",
+    )
+    add(
+        "--tls-cert-file",
+        metavar="FILE",
+        help="the mTLS listener's serving certificate (PEM), reloaded",
+    )
+    add(
+        "--tls-key-file",
+        metavar="FILE",
+        help="the serving certificate's private key (PEM), reloaded",
+    )
+    add(
+        "--client-ca-file",
+        metavar="FILE",
+        help="CA that signs driver client certificates (PEM), reloaded",
+    )
+    add("--audit-log", metavar="FILE", help="audit log file, or - for stdout")
+    add(
+        "--audit-level",
+        default="Metadata",
+        metavar="LEVEL",
+        help="Metadata, Request or RequestResponse",
+    )
     add(
         "--audit-log-maxsize",
         type=int,
         default=0,
+        metavar="MB",
         help="rotate the audit log at this many MB (default 0: never)",
     )
-    add("--audit-log-maxbackup", type=int, default=0, help="rotated logs to keep (0: all)")
-    add("--health-listen", help="HOST:PORT for /healthz, /readyz and /metrics")
+    add(
+        "--audit-log-maxbackup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rotated logs to keep (0: all)",
+    )
+    add("--health-listen", metavar="HOST:PORT", help="HOST:PORT for /healthz, /readyz and /metrics")
     add(
         "--shutdown-grace-period",
         type=float,
@@ -87,7 +130,8 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser (``serve`` with its flags; other subcommands parse their own)."""
     parser = _Parser(prog="dra-gatekeeper", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dra-gatekeeper {__version__}")
     commands = parser.add_subparsers(
@@ -117,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in COMMANDS:
         return _runner(args[0])(args[1:])
-    namespace = _parser().parse_args(args)
+    namespace = build_parser().parse_args(args)
     try:
         return _serve(namespace)
     except ConfigError as exc:
