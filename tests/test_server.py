@@ -124,7 +124,7 @@ async def test_startup_failure_exits_2_with_one_line_and_nothing_listening(
             "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
         )
         extra = ["--kubeconfig", str(config)]
-        expected = f"token file {tmp_path / 'token'}: cannot read"
+        expected = f"tokenFile: {tmp_path / 'token'}: cannot read"
     args = [*_serve_args(tmp_path, pki, sockets, listen, health), *extra]
     code, err = await run(*SERVE, *args)
     assert code == 2, err
