@@ -125,7 +125,7 @@ def test_socket_dir_must_be_a_directory(tmp_path: Path) -> None:
     file.write_text("")
     with pytest.raises(ConfigError, match=f"--socket-dir {file}: not a directory"):
         check_socket_dir(str(file))
-    with pytest.raises(ConfigError, match="(?i)not a directory"):
+    with pytest.raises(ConfigError, match=r"(?i)not a directory"):
         check_socket_dir(str(file / "below"))
     assert check_socket_dir(str(tmp_path / "new" / "dir")).is_dir()
 
