@@ -88,7 +88,9 @@ def test_any_driver_has_no_resource_names() -> None:
     assert "resourceNames" not in rules_by_resource(role)["resourceclaims/driver"]
 
 
-def test_command_prints_yaml_and_refuses_a_policy_without_drivers(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_command_prints_yaml_and_refuses_a_policy_without_drivers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     policy = tmp_path / "w.yaml"
     policy.write_text(WIDGETS)
     assert run_policy_command(["rbac", "--policy", str(policy), "--name", "gk"]) == 0
