@@ -71,6 +71,8 @@ class ServeConfig:
     """Seconds in-flight requests get to finish after SIGTERM."""
     reload_interval: float = 2.0
     """Seconds between checks of the policy, token and TLS files for changes."""
+    readiness_cache: float = 3.0
+    """Seconds ``/readyz`` reuses the upstream's last answer."""
     cert_expiry_warning: float = 30 * _DAY
     """Warn (log and metric) when a certificate expires within this many seconds."""
     tokens: TokenSource = field(init=False)

@@ -193,7 +193,9 @@ class GatekeeperServer:
             audit=self.audit,
             audit_level=config.audit.level,
         )
-        self.readiness = Readiness(self._probe_upstream, lambda: self.listening)
+        self.readiness = Readiness(
+            self._probe_upstream, lambda: self.listening, ttl=config.readiness_cache
+        )
         self.reloader = Reloader(self)
         if config.listen_tls is not None:
             config.listen_tls.on_handshake_failure = self._handshake_failed

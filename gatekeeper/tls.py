@@ -168,14 +168,17 @@ def _counting_sslobject(owner: ServerTLS) -> type[ssl.SSLObject]:
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 raise
             except ssl.SSLError as exc:
-                owner.handshake_failed(str(exc.reason or type(exc).__name__))
+                # asyncio may call again after a failure: count each connection once.
+                if not getattr(self, "_gatekeeper_failed", False):
+                    self._gatekeeper_failed = True
+                    owner.handshake_failed(str(exc.reason or type(exc).__name__))
                 raise
 
     return _CountingSSLObject
 
 
 class PeerSocket(socket.socket):
-    """A listening socket that records each accepted peer for the TLS handshake's log line.
+    """A listening socket that records each accepted peer's address for the TLS handshake's log.
 
     asyncio accepts, then runs the handshake in a task created right after ``accept()``: the
     task copies the context, so the peer set here is what the handshake callbacks see.
@@ -183,6 +186,6 @@ class PeerSocket(socket.socket):
 
     def accept(self) -> tuple[socket.socket, Any]:
         conn, address = super().accept()
-        if isinstance(address, tuple) and len(address) >= 2:
-            _PEER.set(f"{address[0]}:{address[1]}")
+        if isinstance(address, tuple) and address:
+            _PEER.set(str(address[0]))  # the host: a client retrying comes from new ports
         return conn, address

@@ -131,13 +131,13 @@ async def running_gatekeeper(
     pki: PKI,
     *,
     upstream: Upstream | None = None,
-    audit: AuditSink | None = None,
+    audit_sink: AuditSink | None = None,
     **options: Any,
 ) -> AsyncIterator[Running]:
     """A gatekeeper on a fresh socket directory and an ephemeral mTLS port."""
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
     config = serve_config(apiserver, policy, pki, socket_dir, **options)
-    server = GatekeeperServer(config, upstream=upstream, audit=audit)
+    server = GatekeeperServer(config, upstream=upstream, audit=audit_sink)
     await server.start()
     try:
         yield Running(server, socket_dir, pki)
