@@ -40,7 +40,8 @@ class Readiness:
         self._ttl = ttl
         self._clock = clock
         self._checked_at: float | None = None
-        self._upstream_problem: str | None = "not checked yet"
+        self._upstream_problem: str | None = None
+        self._first = True
         self._running: asyncio.Task[str | None] | None = None
 
     async def check(self) -> str | None:
@@ -57,12 +58,12 @@ class Readiness:
             finally:
                 if self._running is running and running.done():
                     self._running = None
-            if problem != self._upstream_problem:
+            if problem != self._upstream_problem or (self._first and problem):
                 if problem is None:
                     log.info("upstream reachable again")
                 else:
                     log.warning("not ready: %s", problem)
-            self._upstream_problem = problem
+            self._upstream_problem, self._first = problem, False
             self._checked_at = self._clock()
         return self._upstream_problem
 

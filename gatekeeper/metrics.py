@@ -197,8 +197,11 @@ class UpstreamWatches:
             if response.closed or response.content.is_eof():
                 continue
             connection = response.connection
-            if connection is not None and connection.transport is not None:
-                connection.transport.pause_reading()
+            if connection is not None:
+                if connection.protocol is not None:
+                    connection.protocol.force_close()  # never back into the pool
+                if connection.transport is not None:
+                    connection.transport.pause_reading()
             response.content.feed_eof()
             ended += 1
         return ended

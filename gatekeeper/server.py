@@ -204,6 +204,8 @@ class GatekeeperServer:
         self.tls_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
 
     @property
     def engine(self) -> Engine:
@@ -215,12 +217,11 @@ class GatekeeperServer:
         self._listeners = bind_listeners(self.config, drivers)
         await self.upstream.start()
         app = build_app(self.gatekeeper)
+        app.middlewares.append(self._count_in_flight)
         app.middlewares.append(self.metrics.middleware(self._driver_of))
+        # In-flight requests are drained before the runner shuts down (see _drain).
         runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self.config.shutdown_grace,
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
         )
         await runner.setup()
         self._runners.append(runner)
@@ -279,16 +280,43 @@ class GatekeeperServer:
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
-        cleanup = asyncio.ensure_future(self._cleanup_runners())
-        # Watches opened until the last connection closes are ended too.
-        while not cleanup.done():
-            self.upstream_watches.end_all()
-            await asyncio.wait([cleanup], timeout=0.05)
-        await cleanup
+        await self._drain(self.config.shutdown_grace)
+        await self._cleanup_runners()
         await self.upstream.close()
         close_listeners(self._listeners)
         self._listeners = []
         await self.audit.aclose()
+
+    async def _drain(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for in-flight requests, ending watches as they come.
+
+        aiohttp's own shutdown stops reading from every connection at once, which would cut a
+        request body in transit: so the connections stay open until the requests are done.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._in_flight and loop.time() < deadline:
+            # A watch opened on a kept-alive connection meanwhile is ended too.
+            self.upstream_watches.end_all()
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 0.05)
+        if self._in_flight:
+            log.warning("grace period over: %d requests cancelled", self._in_flight)
+
+    @web.middleware
+    async def _count_in_flight(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        self._in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
 
     async def _cleanup_runners(self) -> None:
         for runner in reversed(self._runners):
