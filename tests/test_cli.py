@@ -173,3 +173,20 @@ async def test_serve_runs_and_stops_on_sigterm(apiserver: APIServer, tmp_path: P
     assert process.returncode == 0
     assert not path.exists()
     assert (tmp_path / "audit.log").read_text().count('"auditID"') >= 1
+
+
+async def test_version_and_help() -> None:
+    from gatekeeper import __version__
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gatekeeper", "--version", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    assert process.returncode == 0 and out.decode() == f"dra-gatekeeper {__version__}\n"
+    for args in (["--help"], ["demo", "--help"], ["policy", "rbac", "--help"], ["certs", "--help"]):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gatekeeper", *args, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await process.communicate()
+        assert process.returncode == 0, args
+        assert out.startswith(b"usage: dra-gatekeeper") and b"``" not in out, args
