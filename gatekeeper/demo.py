@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import secrets
 import shutil
+import ssl
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -160,10 +161,18 @@ async def _upstream_only(workdir: Path, port: int) -> None:
     policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
     api = _embedded_api(policy)
 
+    files = _write_pki(workdir, create_ca("dra-gatekeeper-demo-ca"))
+    # TLS, as a kube-apiserver: kubectl sends a bearer token only over https.
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(files["server.crt"], files["server.key"])
+
     async def start() -> None:
-        url = await api.start(port=port)
+        url = await api.start(port=port, ssl_context=tls)
         kubeconfig = _write_kubeconfig(
-            workdir / "upstream.kubeconfig", url, {}, {"token": api.token}
+            workdir / "upstream.kubeconfig",
+            url,
+            {"certificate-authority": files["ca.crt"]},
+            {"token": api.token},
         )
         print(
             f"""
