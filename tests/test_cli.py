@@ -190,3 +190,23 @@ async def test_version_and_help() -> None:
         out, _ = await process.communicate()
         assert process.returncode == 0, args
         assert out.startswith(b"usage: dra-gatekeeper") and b"``" not in out, args
+
+
+def test_readme_table_lists_every_serve_flag() -> None:
+    import argparse
+
+    from gatekeeper.cli import build_parser
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("| flag | meaning |") :]
+    table = table[: table.index("\n\n")]
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = [
+        flag
+        for action in commands.choices["serve"]._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    ]
+    assert len(flags) > 15
+    missing = [flag for flag in flags if f"`{flag}" not in table]
+    assert missing == []
