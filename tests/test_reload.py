@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
@@ -21,7 +22,7 @@ from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, run_until_signal
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.tls import TLSFiles
-from tests.conftest import GPU, NODE, PKI, Running, running_gatekeeper, serve_config
+from tests.conftest import GPU, NIC, NODE, PKI, Running, running_gatekeeper, serve_config
 from tests.test_health import value
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -309,3 +310,21 @@ async def test_certificate_close_to_expiry_is_logged_and_exported(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert warnings[0].startswith("certificate expires soon certificate=serving")
+
+
+async def test_reload_adds_and_removes_driver_sockets(
+    apiserver: APIServer, pki: PKI, policy_file: Path
+) -> None:
+    async with running_gatekeeper(
+        apiserver, load_policy(str(policy_file)), pki, policy_path=str(policy_file)
+    ) as gk:
+        gpu, nic = gk.socket_path(GPU), gk.socket_path(NIC)
+        assert gpu.exists() and not nic.exists()
+        policy_file.write_text(policy_text().replace(f"drivers: [{GPU}]", f"drivers: [{NIC}]"))
+        await gk.server.reloader.reload()
+        assert nic.exists() and not gpu.exists()
+        async with gk.unix_session(NIC) as session, session.get("/version") as response:
+            assert response.status == 200
+        with pytest.raises(aiohttp.ClientConnectorError):
+            async with gk.unix_session(GPU) as session, session.get("/version"):
+                pass
