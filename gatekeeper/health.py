@@ -14,14 +14,29 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gatekeeper.errors import UpstreamError
 from gatekeeper.metrics import CONTENT_TYPE, Metrics
+from gatekeeper.upstream import Upstream
 
-__all__ = ["Readiness", "build_health_app"]
+__all__ = ["Probe", "Readiness", "build_health_app", "upstream_probe"]
 
 log = logging.getLogger("gatekeeper.health")
 
 Probe = Callable[[], Awaitable[str | None]]
 """Checks the upstream: None when it answers, else why not."""
+
+
+def upstream_probe(upstream: Upstream) -> Probe:
+    """Ask the upstream ``GET /version`` with the node's credentials: None when it answers."""
+
+    async def probe() -> str | None:
+        try:
+            status, _ = await upstream.call("GET", "/version")
+        except UpstreamError as exc:
+            return exc.message
+        return None if status == 200 else f"upstream answered GET /version with HTTP {status}"
+
+    return probe
 
 
 class Readiness:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -127,34 +126,12 @@ class Reloader:
         )
 
     def check_expiry(self) -> None:
-        """Export each certificate's remaining time; warn when within the warning period."""
-        from gatekeeper.certs import certificate_expiry
-
-        config = self._server.config
-        tls = config.listen_tls
-        if tls is None:
-            return
-        now = datetime.datetime.now(datetime.UTC)
-        for name, path in (
-            ("serving", tls.files.cert_file),
-            ("client-ca", tls.files.client_ca_file),
-        ):
-            try:
-                expiry = certificate_expiry(path)
-            except ConfigError as exc:
-                log.warning("certificate expiry unknown certificate=%s: %s", name, exc)
-                continue
-            left = (expiry - now).total_seconds()
-            expiring = left <= config.cert_expiry_warning
-            self._server.metrics.cert_expiry.labels(name).set(left)
-            self._server.metrics.cert_expiring.labels(name).set(1 if expiring else 0)
-            if expiring:
-                log.warning(
-                    "certificate expires soon certificate=%s file=%s not_after=%s",
-                    name,
-                    path,
-                    expiry.isoformat(),
-                )
+        """Export the serving certificate's and client CA's remaining time; warn if close."""
+        tls = self._server.config.listen_tls
+        if tls is not None:
+            self._server.expiry.check_files(
+                {"serving": tls.files.cert_file, "client-ca": tls.files.client_ca_file}
+            )
 
 
 def _identity(path: str | None) -> object:

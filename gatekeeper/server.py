@@ -23,8 +23,10 @@ from aiohttp import web
 from gatekeeper import __version__
 from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.config import AuditSettings, ServeConfig
+from gatekeeper.drain import InFlight
 from gatekeeper.errors import ConfigError, Refusal
-from gatekeeper.health import Readiness, build_health_app
+from gatekeeper.expiry import CertificateExpiry
+from gatekeeper.health import Readiness, build_health_app, upstream_probe
 from gatekeeper.identity import identify
 from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.policy import Engine
@@ -194,8 +196,9 @@ class GatekeeperServer:
             audit_level=config.audit.level,
         )
         self.readiness = Readiness(
-            self._probe_upstream, lambda: self.listening, ttl=config.readiness_cache
+            upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
         )
+        self.expiry = CertificateExpiry(self.metrics, config.cert_expiry_warning)
         self.reloader = Reloader(self)
         if config.listen_tls is not None:
             config.listen_tls.on_handshake_failure = self._handshake_failed
@@ -204,8 +207,7 @@ class GatekeeperServer:
         self.tls_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
-        self._in_flight = 0
-        self._idle = asyncio.Event()
+        self.in_flight = InFlight()
 
     @property
     def engine(self) -> Engine:
@@ -217,7 +219,7 @@ class GatekeeperServer:
         self._listeners = bind_listeners(self.config, drivers)
         await self.upstream.start()
         app = build_app(self.gatekeeper)
-        app.middlewares.append(self._count_in_flight)
+        app.middlewares.append(self.in_flight.middleware)
         app.middlewares.append(self.metrics.middleware(self._driver_of))
         # In-flight requests are drained before the runner shuts down (see _drain).
         runner = web.AppRunner(
@@ -280,43 +282,13 @@ class GatekeeperServer:
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
-        await self._drain(self.config.shutdown_grace)
+        # Watches opened meanwhile on kept-alive connections are ended too.
+        await self.in_flight.drain(self.config.shutdown_grace, self.upstream_watches.end_all)
         await self._cleanup_runners()
         await self.upstream.close()
         close_listeners(self._listeners)
         self._listeners = []
         await self.audit.aclose()
-
-    async def _drain(self, grace: float) -> None:
-        """Wait up to ``grace`` seconds for in-flight requests, ending watches as they come.
-
-        aiohttp's own shutdown stops reading from every connection at once, which would cut a
-        request body in transit: so the connections stay open until the requests are done.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while self._in_flight and loop.time() < deadline:
-            # A watch opened on a kept-alive connection meanwhile is ended too.
-            self.upstream_watches.end_all()
-            self._idle.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), 0.05)
-        if self._in_flight:
-            log.warning("grace period over: %d requests cancelled", self._in_flight)
-
-    @web.middleware
-    async def _count_in_flight(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        self._in_flight += 1
-        try:
-            return await handler(request)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
 
     async def _cleanup_runners(self) -> None:
         for runner in reversed(self._runners):
@@ -324,22 +296,18 @@ class GatekeeperServer:
         self._runners.clear()
 
     def _driver_of(self, request: web.Request) -> str:
+        """The caller, for per-driver metrics; notes a client certificate close to expiry."""
         try:
-            return identify(request.transport, self.gatekeeper.socket_drivers).driver
+            identity = identify(request.transport, self.gatekeeper.socket_drivers)
         except Refusal:
             return "-"
+        not_after = identity.peer.get("certNotAfter")
+        if not_after and self.engine.policy.allows_driver(identity.driver):
+            self.expiry.observe_client(identity.driver, not_after)
+        return identity.driver
 
     def _handshake_failed(self, peer: str, reason: str) -> None:
         self.metrics.tls_failures.labels(reason[:60]).inc()
-
-    async def _probe_upstream(self) -> str | None:
-        from gatekeeper.errors import UpstreamError
-
-        try:
-            status, _ = await self.upstream.call("GET", "/version")
-        except UpstreamError as exc:
-            return exc.message
-        return None if status == 200 else f"upstream answered GET /version with HTTP {status}"
 
     async def add_driver_sockets(self, drivers: list[str]) -> None:
         """Listen for drivers a reloaded policy added (socket listener only)."""
