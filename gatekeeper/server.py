@@ -221,7 +221,7 @@ class GatekeeperServer:
         app = build_app(self.gatekeeper)
         app.middlewares.append(self.in_flight.middleware)
         app.middlewares.append(self.metrics.middleware(self._driver_of))
-        # In-flight requests are drained before the runner shuts down (see _drain).
+        # In-flight requests are drained before the runner shuts down (InFlight.drain).
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
         )
@@ -314,7 +314,11 @@ class GatekeeperServer:
         if self.config.socket_dir is None or not self._runners:
             return
         for driver in drivers:
-            listener = _unix_listener(self.config.socket_dir, driver)
+            try:
+                listener = _unix_listener(self.config.socket_dir, driver)
+            except ConfigError as exc:
+                log.error("cannot listen for added driver=%s: %s", driver, exc)
+                continue
             self._listeners.append(listener)
             await self._listen(self._runners[0], listener)
             log.info("listening driver=%s socket=%s", driver, listener.path)
