@@ -213,9 +213,9 @@ def _commit(
     recording 159 shows)."""
     new = normalize(call.target.kind, new)
     validate(call.target.kind, new)
+    new = _with_managed(call, stored, new, operation, applied)
     if deep(_same, new, stored):
         return stored
-    new = _with_managed(call, stored, new, operation, applied)
     if call.dry_run:
         return new
     meta = new["metadata"]

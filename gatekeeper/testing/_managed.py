@@ -152,11 +152,17 @@ def owned_after(
         taken, gone = applied, set()
     key = (manager, operation, subresource)
     result: list[dict[str, Any]] = []
-    mine: set[Path] = set()
+    mine_at, mine = -1, set(taken)
     for entry, entry_paths in [] if old is None else _owners(old):
         kept = {p for p in entry_paths if p not in gone and _value(new, p) is not _ABSENT}
         if _entry_key(entry) == key:
-            mine = kept if applied is None else set()
+            mine_at = len(result)
+            if applied is None:
+                mine |= kept
+            if mine == entry_paths:
+                result.append(entry)  # unchanged, its time too
+            else:
+                result.append(_entry(manager, operation, api_version, mine, subresource))
             continue
         if applied is None:
             kept = {p for p in kept if not any(_overlaps(p, t) for t in taken)}
@@ -165,9 +171,10 @@ def owned_after(
         elif kept:
             dotted = entry.get("operation") == UPDATE_OP
             result.append(dict(entry, fieldsV1=_fields_v1(kept, dotted_maps=dotted)))
-    mine |= taken
-    if mine:
+    if mine_at < 0 and mine:
         result.append(_entry(manager, operation, api_version, mine, subresource))
+    elif mine_at >= 0 and not mine:
+        del result[mine_at]
     return result
 
 
