@@ -77,6 +77,12 @@ def _value(obj: Any, path: Path) -> Any:
 _ABSENT: Final = object()
 
 
+def _is_leaf(obj: KubeObject, path: Path) -> bool:
+    """``path`` is still a leaf of ``obj`` (present, and not an object with members)."""
+    value = _value(obj, path)
+    return value is not _ABSENT and not (isinstance(value, dict) and value)
+
+
 def _fields_v1(paths: Iterable[Path], *, dotted_maps: bool) -> dict[str, Any]:
     root: dict[str, Any] = {}
     for path in sorted(paths):
@@ -154,7 +160,7 @@ def owned_after(
     result: list[dict[str, Any]] = []
     mine_at, mine = -1, set(taken)
     for entry, entry_paths in [] if old is None else _owners(old):
-        kept = {p for p in entry_paths if p not in gone and _value(new, p) is not _ABSENT}
+        kept = {p for p in entry_paths if p not in gone and _is_leaf(new, p)}
         if _entry_key(entry) == key:
             mine_at = len(result)
             if applied is None:
