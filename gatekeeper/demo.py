@@ -18,7 +18,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 __all__ = ["DEMO_DRIVER", "DEMO_NODE", "run_demo"]
 
@@ -42,7 +42,7 @@ async def _demo() -> None:
     server = GatekeeperServer(
         policy=policy,
         node_name=DEMO_NODE,
-        upstream=Upstream(UpstreamConfig(server="http://127.0.0.1:1", token=token)),
+        upstream=UpstreamSession(UpstreamConfig(server="http://127.0.0.1:1", token=token)),
         audit=JsonLinesWriter(str(workdir / "audit.log")),
         socket_dir=workdir / "sockets",
         listen=("127.0.0.1", 0),

@@ -21,7 +21,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import Upstream, UpstreamSession
 
 NODE = "node-a"
 GPU = "gpu.example.com"
@@ -120,7 +120,8 @@ async def running_gatekeeper(
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=upstream or Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
+        upstream=upstream
+        or UpstreamSession(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
         socket_dir=socket_dir,
         listen=("127.0.0.1", 0),
         listen_ssl=server_ssl_context(

@@ -4,6 +4,7 @@ as upstream over real HTTP. Every refusal is checked against the upstream's jour
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -11,8 +12,9 @@ import aiohttp
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.policy.engine import REJECTED_PREVIEW
 from gatekeeper.testing import APIServer, resource_slice
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -388,7 +390,7 @@ async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
 
     server = await asyncio.start_server(dying_upstream, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    upstream = Upstream(UpstreamConfig(server=url, token=NODE_TOKEN))
+    upstream = UpstreamSession(UpstreamConfig(server=url, token=NODE_TOKEN))
     try:
         async with (
             running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running,
@@ -402,3 +404,83 @@ async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
     finally:
         server.close()
         await server.wait_closed()
+
+
+class RecordedEvents:
+    """An audit sink that keeps events in memory and says when a request completed."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.completed = asyncio.Event()
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        if event["stage"] == "ResponseComplete":
+            self.completed.set()
+
+    def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_driver_disconnecting_mid_stream_is_a_driver_disconnect(
+    apiserver: APIServer, policy: Any, pki: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver that goes away during its watch is audited as 499, not as an upstream failure."""
+    sink = RecordedEvents()
+    async with running_gatekeeper(apiserver, policy, pki, audit=sink) as running:
+        reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
+        writer.write(f"GET {SLICES}?{PINNED}&watch=true HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.transport.abort()
+        # Bounded: each new object is a watch event the gatekeeper tries to write to the driver.
+        for index in range(200):
+            seed(apiserver, name=f"node-a-gpu-{index}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sink.completed.wait(), 0.05)
+            if sink.completed.is_set():
+                break
+    complete = [event for event in sink.events if event["stage"] == "ResponseComplete"]
+    assert len(complete) == 1
+    assert complete[0]["responseStatus"]["code"] == 499
+    assert complete[0]["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert not [r for r in caplog.records if "upstream" in r.getMessage()]
+
+
+async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """The object changes between the fetch and the dry run: the apiserver's 409 reaches the
+    driver as it was given, and the event is an allowed request the apiserver refused."""
+    seed(apiserver)
+
+    class ChangesAfterTheFetch(UpstreamSession):
+        async def fetch(self, path: str) -> Any:
+            current = await super().fetch(path)
+            apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", "node-a-gpu-0"))
+            seed(apiserver)
+            return current
+
+    sink = RecordedEvents()
+    upstream = ChangesAfterTheFetch(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+    async with (
+        running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit=sink) as running,
+        running.unix_session(GPU) as session,
+    ):
+        response = await session.patch(
+            f"{SLICES}/node-a-gpu-0",
+            data=json.dumps({"metadata": {"labels": {"a": "b"}}}),
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        )
+        status = await response.json()
+    assert response.status == 409
+    assert status["reason"] == "Conflict" and status["code"] == 409
+    dry_runs = [e for e in apiserver.journal if e.method == "PATCH"]
+    assert len(dry_runs) == 1 and "dryRun=All" in dry_runs[0].query_string
+    (event,) = sink.events
+    assert event["responseStatus"]["code"] == 409
+    assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert event["annotations"]["authorization.k8s.io/reason"] == REJECTED_PREVIEW

@@ -18,7 +18,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer
 from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 from tests.conftest import NODE, NODE_TOKEN, PKI, Running
 
 
@@ -54,7 +54,7 @@ async def audited(
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
+        upstream=UpstreamSession(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
         audit=JsonLinesWriter(str(log_path)),
         audit_level=audit_level,
         socket_dir=socket_dir,
