@@ -193,7 +193,7 @@ def _key(obj: KubeObject) -> _Key:
 
 def _stub(obj: KubeObject) -> KubeObject:
     """What a DELETED event for an object that left scope shows: its identity only."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
 

@@ -93,25 +93,24 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return _answer(flow, flow.decision)
     except Refusal as refusal:
         # Refused before the engine (identity, headers, path, body): the one verdict is this.
-        refused = deny(
-            refusal.code,
-            refusal.reason,
-            refusal.message,
+        flow.decision = Decision(
+            allowed=False,
+            reason=refusal.reason,
+            code=refusal.code,
+            message=refusal.message,
+            details=refusal.details,
             retry_after=refusal.retry_after,
-            **refusal.details,
         )
-        flow.decision = refused
-        return _answer(flow, refused)
+        return _answer(flow, flow.decision)
     except UpstreamError as error:
         log.warning(
             "upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message
         )
         if flow.decision is None:
             # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
-            flow.decision = deny(
-                error.code, f"upstream failed before the decision: {error.message}"
-            )
-        failed = deny(error.code, error.message, retry_after=1 if error.code == 503 else None)
+            flow.decision = deny(error.code, f"no decision, the upstream failed: {error.message}")
+        retry_after = 1 if error.code == 503 else None
+        failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
         return _answer(flow, failed)
     except Exception as exc:
         # A fault of the gatekeeper's own: the event carries the true code (aiohttp answers 500).

@@ -70,21 +70,9 @@ def allow(
     )
 
 
-def deny(
-    code: int,
-    reason: str,
-    message: str | None = None,
-    *,
-    retry_after: int | None = None,
-    **details: str,
-) -> Decision:
+def deny(code: int, reason: str, message: str | None = None, **details: str) -> Decision:
     return Decision(
-        allowed=False,
-        reason=reason,
-        code=code,
-        message=message or reason,
-        details=details,
-        retry_after=retry_after,
+        allowed=False, reason=reason, code=code, message=message or reason, details=details
     )
 
 
