@@ -41,7 +41,7 @@ MAX_FILTERED_BODY = 64 * 1024 * 1024
 MAX_WATCH_LINE = 8 * 1024 * 1024
 """One watch event (one line) at most; an object is at most ~1.5 MiB in etcd."""
 
-Keep = Callable[[KubeObject], bool]
+_Keep = Callable[[KubeObject], bool]
 _Key = tuple[str, str]
 _PASSED = frozenset({"BOOKMARK", "ERROR"})
 _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
@@ -50,7 +50,7 @@ _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
 class WatchFilter:
     """Per-watch state: which objects the driver has been shown as in scope."""
 
-    def __init__(self, keep: Keep, shown: set[_Key] | None = None) -> None:
+    def __init__(self, keep: _Keep, shown: set[_Key] | None = None) -> None:
         self.keep = keep
         self.shown: set[_Key] = shown or set()
         """(namespace, name) of every object the client holds as in scope."""
@@ -84,7 +84,7 @@ class WatchFilter:
 
 
 async def scoped_chunks(
-    info: RequestInfo, body: AsyncIterator[bytes], keep: Keep, state: WatchFilter | None
+    info: RequestInfo, body: AsyncIterator[bytes], keep: _Keep, state: WatchFilter | None
 ) -> AsyncIterator[bytes] | Decision:
     """The filtered body of a successful upstream answer, as chunks to write.
 
@@ -112,7 +112,7 @@ async def scoped_chunks(
     return _chunks([_dump(document)])
 
 
-async def prime_watch(upstream: Upstream, info: RequestInfo, keep: Keep) -> WatchFilter:
+async def prime_watch(upstream: Upstream, info: RequestInfo, keep: _Keep) -> WatchFilter:
     """The state of a watch that continues a list at ``resourceVersion``.
 
     The client holds what its list (filtered the same way) returned at that version, so that

@@ -31,7 +31,7 @@ __all__ = [
 MAX_OBJECT_BYTES = 16 * 1024 * 1024
 """The most the gatekeeper reads of one object it fetches (etcd stores at most 1.5 MiB)."""
 
-JSON = "application/json"
+_JSON = "application/json"
 _REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
 _WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
 
@@ -89,7 +89,7 @@ class Upstream(Protocol):
         ...
 
     async def request(
-        self, method: str, target: str, body: Any = None, media_type: str = JSON
+        self, method: str, target: str, body: Any = None, media_type: str = _JSON
     ) -> tuple[int, KubeObject]:
         """One JSON request of the gatekeeper's own (a dry run, a list): status and object."""
         ...
@@ -152,9 +152,9 @@ class UpstreamSession:
         return obj
 
     async def request(
-        self, method: str, target: str, body: Any = None, media_type: str = JSON
+        self, method: str, target: str, body: Any = None, media_type: str = _JSON
     ) -> tuple[int, KubeObject]:
-        headers = {"Accept": JSON}
+        headers = {"Accept": _JSON}
         payload = None
         if body is not None:
             headers["Content-Type"] = media_type

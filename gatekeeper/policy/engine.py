@@ -38,7 +38,7 @@ __all__ = ["REJECTED_PREVIEW", "Engine"]
 REJECTED_PREVIEW = "the apiserver rejected the patch preview"
 """The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
 
-JSON = "application/json"
+_JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
 _OBJECT_VERBS = frozenset({"get", "update", "patch", "delete"})
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -58,7 +58,7 @@ class Engine:
     node_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def plan(
-        self, identity: Identity, info: RequestInfo, media_type: str = JSON
+        self, identity: Identity, info: RequestInfo, media_type: str = _JSON
     ) -> Plan | Decision:
         """The request-level rules, once: a final Decision when they settle the request (refused,
         or a non-resource path), else the :class:`Plan` of what to read before :meth:`decide`.
