@@ -13,43 +13,22 @@ import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy.engine import REJECTED_PREVIEW
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.testing import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PINNED,
+    SLICES,
+    APIServer,
+    RecordingSink,
+    Running,
+    raw_request,
+    running_gatekeeper,
+    seed,
+    slice_body,
+)
 from gatekeeper.upstream import UpstreamSession
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
-
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-PINNED = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
-
-
-def slice_body(
-    name: str | None = "node-a-gpu-0",
-    driver: str = GPU,
-    node: str = NODE,
-    pool: str = "node-a-gpus",
-) -> dict[str, Any]:
-    return resource_slice(name, driver=driver, node=node, pool=pool)
-
-
-def seed(apiserver: APIServer, **kwargs: Any) -> dict[str, Any]:
-    return apiserver.add(slice_body(**kwargs))
-
-
-async def raw_request(
-    gatekeeper: Running, method: str, target: str, body: Any = None
-) -> tuple[int, dict[str, str], Any]:
-    """Send the request line byte for byte (HTTP clients normalize paths; attackers do not)."""
-    reader, writer = await asyncio.open_unix_connection(str(gatekeeper.socket_path(GPU)))
-    payload = b"" if body is None else json.dumps(body).encode()
-    head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
-    if payload:
-        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-    writer.write(head.encode("latin-1") + b"\r\n" + payload)
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    head_bytes, _, body_bytes = raw.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split()[1]), headers, json.loads(body_bytes)
 
 
 def driver_requests(apiserver: APIServer, since: int) -> list[tuple[str, str]]:
@@ -448,30 +427,11 @@ async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
         await server.wait_closed()
 
 
-class RecordedEvents:
-    """An audit sink that keeps events in memory and says when a request completed."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.completed = asyncio.Event()
-
-    async def emit(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-        if event["stage"] == "ResponseComplete":
-            self.completed.set()
-
-    def close(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-
 async def test_driver_disconnecting_mid_stream_is_a_driver_disconnect(
     apiserver: APIServer, policy: Any, pki: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A driver that goes away during its watch is audited as 499, not as an upstream failure."""
-    sink = RecordedEvents()
+    sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit=sink) as running:
         reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
         writer.write(f"GET {SLICES}?{PINNED}&watch=true HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -506,7 +466,7 @@ async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
             seed(apiserver)
             return current
 
-    sink = RecordedEvents()
+    sink = RecordingSink()
     upstream = ChangesAfterTheFetch(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
     async with (
         running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit=sink) as running,

@@ -12,8 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Kubectl, Running, needs_kubectl
+from gatekeeper.testing import GPU, NIC, NODE, NODE_TOKEN, APIServer, Kubectl, Running
 
 GROUP = "resource.k8s.io"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -449,7 +448,7 @@ async def test_other_writes_never_reach_upstream(
     assert apiserver.journal[since:] == []
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_kubectl_get_claims_shows_only_ours(
     kubectl: Kubectl, gatekeeper: Running, apiserver: APIServer
 ) -> None:

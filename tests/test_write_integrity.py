@@ -14,10 +14,21 @@ from typing import Any
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import APIServer
+from gatekeeper.testing import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PKI,
+    SLICES,
+    APIServer,
+    Running,
+    raw_request,
+    running_gatekeeper,
+    seed,
+    slice_body,
+)
 from gatekeeper.upstream import UpstreamSession
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
-from tests.test_proxy import SLICES, raw_request, seed, slice_body
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

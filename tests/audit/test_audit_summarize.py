@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from gatekeeper.audit.reader import ReadStats
 from gatekeeper.audit.summarize import format_table, summarize
-from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
-from tests.conftest import GPU, NIC
-from tests.test_proxy import SLICES, seed
+from gatekeeper.testing import GPU, NIC, SLICES, APIServer, Audited, seed
 
 
 async def test_a_missing_object_is_not_a_refusal(audited: Audited, apiserver: APIServer) -> None:
