@@ -197,7 +197,8 @@ class UpstreamSession:
             response.close()  # the body was not read to its end: the connection is not reused
             raise
         else:
-            response.release()
+            response.release()  # back to the pool if the body was read to its end
+            await response.wait_for_close()
 
 
 async def read_json_object(

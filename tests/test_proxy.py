@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.policy.engine import REJECTED_PREVIEW
+from gatekeeper.policy.decision import REJECTED_PREVIEW
 from gatekeeper.testing import (
     GPU,
     NIC,

@@ -14,7 +14,7 @@ from typing import Any
 
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
-from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
+from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
 from gatekeeper.policy.integrity import body_shape, patch_result, pin_delete, pinned_update
 from gatekeeper.policy.model import (
     Field,
@@ -33,10 +33,7 @@ from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["REJECTED_PREVIEW", "Engine"]
-
-REJECTED_PREVIEW = "the apiserver rejected the patch preview"
-"""The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
+__all__ = ["Engine"]
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
@@ -93,9 +90,6 @@ class Engine:
         """
         info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         media_type = plan.media_type
-        if proposed is not None and proposed.rejected and proposed.result is not None:
-            # The real patch would fail the same way: the driver gets the apiserver's answer.
-            return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
         if plan.scope is not None:
             return decide_allocated(
                 plan.scope, info, kind, body, current, media_type=media_type, proposed=proposed

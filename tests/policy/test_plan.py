@@ -93,3 +93,9 @@ def test_a_preview_carries_the_upstreams_answer() -> None:
     decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(), conflict)
     assert (decision.allowed, decision.code, decision.forwards) == (True, 409, False)
     assert decision.response == {"kind": "Status", "code": 409}
+
+
+def test_a_rejected_preview_of_another_drivers_object_is_still_refused() -> None:
+    conflict = Preview(parse_request("PATCH", SLICE), {}, STRATEGIC_MERGE).answered(409, {})
+    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(NIC), conflict)
+    assert (decision.allowed, decision.code) == (False, 403)
