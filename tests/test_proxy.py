@@ -486,3 +486,27 @@ async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
     assert event["responseStatus"]["code"] == 409
     assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
     assert event["annotations"]["authorization.k8s.io/reason"] == REJECTED_PREVIEW
+
+
+async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """Not 499 "client disconnected": the driver got a 500, and the event says so."""
+
+    class Broken:
+        node_name = NODE
+
+        def plan(self, *args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    sink = RecordingSink()
+    async with running_gatekeeper(apiserver, policy, pki, audit=sink) as running:
+        running.server.gatekeeper.engine = Broken()  # type: ignore[assignment]
+        async with running.unix_session(GPU) as session:
+            response = await session.get(f"{SLICES}?{PINNED}")
+            await response.read()
+    assert response.status == 500
+    (event,) = sink.events
+    assert event["responseStatus"]["code"] == 500
+    assert event["responseStatus"]["message"] == "internal error: RuntimeError"
+    assert apiserver.journal == []
