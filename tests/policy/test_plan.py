@@ -58,7 +58,9 @@ def test_requests_settled_on_their_own_need_no_plan() -> None:
 @pytest.mark.parametrize("media_type", [STRATEGIC_MERGE, APPLY])
 def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
     patch = {"metadata": {"labels": {"a": "b"}}}
-    preview = plan("PATCH", SLICE, media_type).preview(patch, stored())
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews
+    preview = planned.preview(patch, stored())
     assert preview is not None
     assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
     assert preview.media_type == media_type
@@ -82,7 +84,9 @@ def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
 def test_no_preview_where_none_is_needed_or_allowed(
     media_type: str, patch: Any, current: Any
 ) -> None:
-    assert plan("PATCH", SLICE, media_type).preview(patch, current) is None
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews is (media_type == STRATEGIC_MERGE)
+    assert planned.preview(patch, current) is None
 
 
 def test_a_preview_carries_the_upstreams_answer() -> None:
