@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 import yaml
 
-from gatekeeper.testing import GPU, NODE_TOKEN, APIServer
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import GPU, NODE_TOKEN
 
 SERVE = [sys.executable, "-m", "gatekeeper", "serve"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.testing import KUBECTL
+from gatekeeper.testing.harness import KUBECTL
 
 
 @pytest.mark.kubectl

@@ -13,14 +13,14 @@ import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy.decision import REJECTED_PREVIEW
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PINNED,
     SLICES,
-    APIServer,
     RecordingSink,
     Running,
     raw_request,

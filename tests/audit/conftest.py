@@ -9,7 +9,8 @@ import pytest
 
 from gatekeeper.audit import AuditLevel, JsonLinesWriter
 from gatekeeper.policy import Policy
-from gatekeeper.testing import PKI, APIServer, Audited, running_gatekeeper
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import PKI, Audited, running_gatekeeper
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from gatekeeper.policy import Decision, Engine, load_policy
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import GPU, NIC, NODE, resource_slice
+from gatekeeper.testing import resource_slice
+from gatekeeper.testing.harness import GPU, NIC, NODE
 from gatekeeper.types import Identity
 
 ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU, NIC})), NODE)
