@@ -1,4 +1,4 @@
-"""The decision engine alone: microseconds per decision, per kind and verb (no I/O, one process).
+"""The decision engine alone (plan + decide): µs per decision, per kind and verb (no I/O).
 
 python -m bench.engine_bench [--rounds N]
 """
@@ -6,7 +6,6 @@ python -m bench.engine_bench [--rounds N]
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 from bench.fixtures import DRIVER, NODE, PINNED_QUERY, SLICES, item_slice, slice_body
 from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, load_policy
+from gatekeeper.policy.decision import Decision
 from gatekeeper.requestinfo import parse_request
 
 __all__ = ["CASES", "EngineResult", "measure_engine"]
@@ -135,18 +135,19 @@ def measure_engine(rounds: int = 20_000, repeats: int = 3) -> list[EngineResult]
     results = []
     for case in CASES:
         info = parse_request(case.method, case.path)
-        decision = engine.decide(
-            who, info, copy.deepcopy(case.body), case.current, media_type=case.media_type
-        )
-        if decision.allowed != case.allowed:
-            raise AssertionError(f"{case.name}: engine says {decision.reason}")
 
         def decide(case: _Case = case, info: Any = info) -> Any:
-            return engine.decide(who, info, case.body, case.current, media_type=case.media_type)
+            plan = engine.plan(who, info, case.media_type)
+            if isinstance(plan, Decision):
+                return plan
+            return engine.decide(plan, case.body, case.current)
 
         def parse(case: _Case = case) -> Any:
             return parse_request(case.method, case.path)
 
+        decision = decide()
+        if decision.allowed != case.allowed:
+            raise AssertionError(f"{case.name}: engine says {decision.reason}")
         results.append(
             EngineResult(
                 case.name,
