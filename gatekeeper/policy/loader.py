@@ -57,6 +57,8 @@ ALLOCATION_KEYS = {
     "devices": "devices",
     "deviceDriver": "device_driver",
 }
+# Optional AllocatedToDriver version key: paths (list steps implicit) of opaque JSON.
+_ALLOCATION_OPAQUE = "opaque"
 _NODE_LOCAL_ONLY = ("listSelector", "fill")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
@@ -257,13 +259,19 @@ def _check_allocated(
 
 
 def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
-    spec = ctx.mapping(raw, key, set(ALLOCATION_KEYS))
+    spec = ctx.mapping(raw, key, {*ALLOCATION_KEYS, _ALLOCATION_OPAQUE})
     paths: dict[str, FieldPath] = {}
     for name, attribute in ALLOCATION_KEYS.items():
         if name not in spec:
             ctx.fail(_join(key, name), "is required (a JSON path) by rule AllocatedToDriver")
         paths[attribute] = ctx.path(spec[name], _join(key, name))
-    return VersionSpec(paths={}, selectors={}, allocation=AllocationPaths(**paths))
+    where = _join(key, _ALLOCATION_OPAQUE)
+    opaque = tuple(
+        ctx.path(p, f"{where}[{i}]")
+        for i, p in enumerate(ctx.string_list(spec.get(_ALLOCATION_OPAQUE, []), where))
+    )
+    allocation = AllocationPaths(**paths, opaque=opaque)
+    return VersionSpec(paths={}, selectors={}, allocation=allocation)
 
 
 def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:

@@ -82,6 +82,9 @@ class AllocationPaths:
     """The per-device status list drivers write (``status.devices``)."""
     device_driver: FieldPath
     """The driver owning one status entry (``driver``)."""
+    opaque: tuple[FieldPath, ...] = ()
+    """Where the apiserver keeps JSON exactly as sent (RawExtension, e.g. ``status.devices.data``;
+    a step over a list applies to each item): compared exactly, not by meaning."""
 
 
 @dataclass(frozen=True, slots=True)
