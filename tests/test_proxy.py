@@ -180,7 +180,7 @@ REFUSALS = [
         'cannot list resource "secrets"',
     ),
     ("pods", "POST", "/api/v1/namespaces/default/pods", {"kind": "Pod"}, 403, "does not allow"),
-    ("nodes", "GET", "/api/v1/nodes", None, 403, "does not allow"),
+    ("nodes", "GET", "/api/v1/nodes", None, 403, "verb list is not allowed on nodes"),
     (
         "clusterroles",
         "GET",

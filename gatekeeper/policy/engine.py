@@ -33,6 +33,7 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.nodeselector import node_labels_with_hostname
 from gatekeeper.policy.ownership import fill_missing, ownership_violation
+from gatekeeper.policy.ownnode import decide_own_node
 from gatekeeper.policy.patching import (
     APPLY,
     STRATEGIC_MERGE,
@@ -70,7 +71,10 @@ class Engine:
         Nothing is fetched for a request already refused on its own (DESIGN §4.3: a refused
         request never reaches the apiserver, not even as the gatekeeper's read).
         """
-        if info.verb not in _OBJECT_VERBS or not isinstance(self._screen(identity, info), tuple):
+        screened = self._screen(identity, info)
+        if info.verb not in _OBJECT_VERBS or not isinstance(screened, tuple):
+            return None
+        if screened[0].rule is KindRule.OWN_NODE:
             return None
         if info.subresource:
             return info.path[: -(len(info.subresource) + 1)]
@@ -113,6 +117,8 @@ class Engine:
             return screened
         kind, version = screened
         driver = identity.driver
+        if kind.rule is KindRule.OWN_NODE:
+            return decide_own_node(driver, info, kind, self.node_name)
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
             scope = self._scope(driver, version)
             return decide_allocated(
