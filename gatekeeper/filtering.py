@@ -21,7 +21,9 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.errors import UpstreamError
+from gatekeeper.policy.claims import OUT_OF_SCOPE
+from gatekeeper.policy.decision import Decision, not_found
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
@@ -86,11 +88,12 @@ class WatchFilter:
 
 async def scoped_chunks(
     info: RequestInfo, content: aiohttp.StreamReader, keep: Keep, state: WatchFilter | None
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[bytes] | Decision:
     """The filtered body of a successful upstream answer, as chunks to write.
 
-    A get or list is read and filtered now (so an out-of-scope get can still become a 404);
-    a watch is filtered as it streams. Raises :class:`Refusal` (404) or :class:`UpstreamError`.
+    A get or list is read and filtered now, so that a get whose object left the driver's scope
+    since the engine's read is still answered as absent: that 404 is returned as the request's
+    Decision. A watch is filtered as it streams. Raises :class:`UpstreamError`.
     """
     if info.method == "HEAD":
         return _chunks([])
@@ -99,7 +102,8 @@ async def scoped_chunks(
     document = await _read_json(content, "response")
     if info.verb == "get":
         if not keep(document):
-            raise _not_found(info)
+            qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
+            return not_found(info, qualified, OUT_OF_SCOPE)
         return _chunks([_dump(document)])
     items = document.get("items")
     if not isinstance(items, list):
@@ -198,16 +202,6 @@ def _stub(obj: KubeObject) -> KubeObject:
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
-
-
-def _not_found(info: RequestInfo) -> Refusal:
-    qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
-    return Refusal(
-        404,
-        "object not found",
-        f'{qualified} "{info.name}" not found',
-        details={"group": info.api_group, "kind": info.resource, "name": info.name},
-    )
 
 
 def _error_event(message: str) -> bytes:

@@ -27,16 +27,17 @@ from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
-from gatekeeper.flow import Flow
+from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
 from gatekeeper.identity import identify
-from gatekeeper.policy import Engine
+from gatekeeper.policy import Decision, Engine
+from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
 from gatekeeper.upstream import Upstream
 
-__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "handle"]
+__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
 
 log = logging.getLogger("gatekeeper.proxy")
 
@@ -85,42 +86,49 @@ async def handle(request: web.Request) -> web.StreamResponse:
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
         flow.media_type, flow.body = await read_body(request, flow.info)
-        if (path := gk.engine.lookup(flow.identity, flow.info)) is not None:
-            flow.current = await gk.upstream.fetch(path)
-        if gk.engine.needs_preview(flow.identity, flow.info, flow.current, flow.media_type):
-            flow.proposed = await preview_patch(
-                gk.upstream, flow.info, flow.media_type, flow.body, flow.current
-            )
-        flow.decision = gk.engine.decide(
-            flow.identity,
-            flow.info,
-            flow.body,
-            flow.current,
-            media_type=flow.media_type,
-            proposed=flow.proposed,
-        )
-        if not flow.decision.allowed:
-            decision = flow.decision
-            raise Refusal(
-                decision.code, decision.reason, decision.message, details=decision.details
-            )
-        return await forward(request, flow, gk.upstream)
+        flow.decision = await decide(gk, flow)
+        if flow.decision.forwards:
+            return await forward(request, flow, gk.upstream)
+        return _answer(flow, flow.decision)
     except Refusal as refusal:
-        flow.refusal = refusal
-        return _status_response(
-            flow, refusal.code, refusal.message, refusal.details, retry_after=refusal.retry_after
+        # Refused before the engine (identity, headers, path, body): the one verdict is this.
+        refused = deny(
+            refusal.code,
+            refusal.reason,
+            refusal.message,
+            retry_after=refusal.retry_after,
+            **refusal.details,
         )
+        flow.decision = refused
+        return _answer(flow, refused)
     except UpstreamError as error:
         log.warning(
             "upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message
         )
-        return _status_response(
-            flow, error.code, error.message, {}, retry_after=1 if error.code == 503 else None
-        )
+        if flow.decision is None:
+            # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
+            flow.decision = deny(
+                error.code, f"upstream failed before the decision: {error.message}"
+            )
+        failed = deny(error.code, error.message, retry_after=1 if error.code == 503 else None)
+        return _answer(flow, failed)
     finally:
         if flow.completed is None:
             flow.finish(flow.status_code or 499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
+
+
+async def decide(gk: Gatekeeper, flow: Flow) -> Decision:
+    """The engine's conversation: plan, read what it needs, decide."""
+    assert flow.identity is not None and flow.info is not None
+    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type)
+    if isinstance(plan, Decision):
+        return plan
+    if plan.fetch is not None:
+        flow.current = await gk.upstream.fetch(plan.fetch)
+    if (preview := plan.preview(flow.body, flow.current)) is not None:
+        flow.proposed = await preview_patch(gk.upstream, preview)
+    return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
 
 
 async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
@@ -143,11 +151,9 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
     assert decision is not None and decision.target is not None
     target = decision.target
     payload = None if decision.body is None else json.dumps(decision.body).encode()
+    media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
-        request.headers,
-        audit_id=flow.audit_id,
-        token=upstream.token(),
-        content_type=None if payload is None else decision.media_type,
+        request.headers, audit_id=flow.audit_id, token=upstream.token(), content_type=media_type
     )
     watch_state: WatchFilter | None = None
     if decision.filter is not None:
@@ -157,6 +163,7 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         if flow.long_running:
             watch_state = await prime_watch(upstream, target, decision.filter)
     response: web.StreamResponse | None = None
+    flow.forwarded = Forwarded(target.method, target.target, media_type)
     try:
         async with upstream.request(
             target.method, target.target, headers, payload, long_running=flow.long_running
@@ -186,9 +193,14 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
             else:
                 chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
                 if decision.filter is not None:
-                    chunks = await scoped_chunks(
+                    scoped = await scoped_chunks(
                         target, upstream_response.content, decision.filter, watch_state
                     )
+                    if isinstance(scoped, Decision):
+                        # The object left the driver's scope after the engine's read.
+                        flow.decision = scoped
+                        return _answer(flow, scoped)
+                    chunks = scoped
                 await response.prepare(request)
                 flow.response_started = datetime.now(UTC)
                 if flow.long_running:
@@ -214,23 +226,20 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
     return response
 
 
-def _status_response(
-    flow: Flow,
-    code: int,
-    message: str,
-    details: dict[str, str],
-    *,
-    retry_after: int | None,
-) -> web.Response:
-    extra: dict[str, object] = dict(details)
+def _answer(flow: Flow, answer: Decision) -> web.Response:
+    """The gatekeeper's own answer: the apiserver's Status it was given, or one it writes."""
     headers = {"Audit-Id": flow.audit_id}
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-        extra["retryAfterSeconds"] = retry_after
-    body = status_body(code, message, details=extra or None)
+    if answer.response is not None:
+        body = answer.response
+    else:
+        extra: dict[str, object] = dict(answer.details)
+        if answer.retry_after is not None:
+            headers["Retry-After"] = str(answer.retry_after)
+            extra["retryAfterSeconds"] = answer.retry_after
+        body = status_body(answer.code, answer.message, details=extra or None)
     flow.response_object = body
-    flow.finish(code, message)
-    return web.json_response(body, status=code, headers=headers)
+    flow.finish(answer.code, answer.message)
+    return web.json_response(body, status=answer.code, headers=headers)
 
 
 def _message_of(payload: bytes) -> str:

@@ -18,7 +18,6 @@ from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, St
 from gatekeeper import certs
 from gatekeeper.certs import (
     IssuedCert,
-    client_cert_common_name,
     create_ca,
     issue_client_cert,
     issue_server_cert,
@@ -27,6 +26,7 @@ from gatekeeper.certs import (
     write_pem,
 )
 from gatekeeper.errors import ConfigError
+from gatekeeper.identity import client_cert_common_name
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from gatekeeper import filtering
-from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.errors import UpstreamError
 from gatekeeper.filtering import WatchFilter, scoped_chunks
+from gatekeeper.policy import Decision
 from gatekeeper.requestinfo import parse_request
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -150,10 +151,10 @@ async def test_a_list_is_filtered_and_a_table_refused() -> None:
 
 async def test_a_get_out_of_scope_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
     info = parse_request("GET", f"{CLAIMS}/b")
-    with pytest.raises(Refusal) as refused:
-        await scoped_chunks(info, Content(json.dumps(obj("b", False)).encode()), keep, None)  # type: ignore[arg-type]
-    assert refused.value.code == 404
-    assert refused.value.message == 'resourceclaims.resource.k8s.io "b" not found'
+    refused = await scoped_chunks(info, Content(json.dumps(obj("b", False)).encode()), keep, None)  # type: ignore[arg-type]
+    assert isinstance(refused, Decision)
+    assert refused.code == 404
+    assert refused.message == 'resourceclaims.resource.k8s.io "b" not found'
     monkeypatch.setattr(filtering, "MAX_FILTERED_BODY", 10)
     with pytest.raises(UpstreamError, match="exceeds 10 bytes"):
         await scoped_chunks(info, Content(json.dumps(obj("b", True)).encode()), keep, None)  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.decision import Decision, allow, deny
@@ -14,12 +14,14 @@ from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
+if TYPE_CHECKING:
+    from gatekeeper.policy.plan import Preview
+
 __all__ = [
     "DELETE_OPTION_FIELDS",
     "body_shape",
     "checked_delete_options",
     "delete_options",
-    "not_found",
     "patch_result",
     "pin_delete",
     "pin_resource_version",
@@ -115,16 +117,23 @@ def patch_result(
     patch: Any,
     current: KubeObject,
     media_type: str,
-    proposed: KubeObject | None,
+    proposed: Preview | None,
 ) -> Decision | tuple[KubeObject, Any]:
     """The object a patch of ``current`` would store and the patch pinned to ``current``'s
-    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape)."""
+    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape).
+
+    With a ``proposed`` preview answered by the upstream, its result and its pinned patch (built
+    once, for the dry run) are used; without, the result is approximated by a merge patch.
+    """
     stored_rv = stored_resource_version(current)
     if conflict := stale_conflict(info, kind, requested_resource_version(patch), stored_rv):
         return conflict
     try:
-        result = proposed or patched_object(media_type, current, patch)
-        pinned = pin_patch(media_type, patch, stored_rv)
+        if proposed is not None and proposed.result is not None:
+            result, pinned = proposed.result, proposed.body
+        else:
+            result = patched_object(media_type, current, patch)
+            pinned = pin_patch(media_type, patch, stored_rv)
     except PatchError as exc:
         if exc.code != 422:
             return deny(exc.code, str(exc))
@@ -257,14 +266,3 @@ def _option_type_problem(key: str, value: Any) -> str | None:
     if isinstance(value, expected) and (expected is bool or not isinstance(value, bool)):
         return None
     return f"must be of type {type_name}"
-
-
-def not_found(info: RequestInfo, kind: KindSpec) -> Decision:
-    return deny(
-        404,
-        "object not found",
-        f'{kind.qualified} "{info.name}" not found',
-        group=kind.group,
-        kind=kind.resource,
-        name=info.name,
-    )

@@ -7,6 +7,7 @@ from gatekeeper.testing._dra import (
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
+from gatekeeper.testing._engine import decide_offline, planned_fetch
 from gatekeeper.testing._factories import resource_slice
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._policy import served_kinds
@@ -24,6 +25,8 @@ __all__ = [
     "ServedKind",
     "Store",
     "StoreEvent",
+    "decide_offline",
+    "planned_fetch",
     "resource_slice",
     "running_api_server",
     "served_kinds",

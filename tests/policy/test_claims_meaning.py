@@ -17,6 +17,7 @@ from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.claims import first_difference, same_instant, status_change_violation
 from gatekeeper.policy.patching import MERGE_PATCH
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing import decide_offline
 
 RECORDINGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "recordings"
 POLICY = load_policy(None)
@@ -145,11 +146,11 @@ def test_the_python_clients_read_modify_write_of_its_own_entry_is_allowed() -> N
     sent = python_client_resend(stored)
     gpu = next(e for e in sent["status"]["devices"] if e["driver"] == GPU.driver)
     gpu["data"] = {"uuid": "GPU-0000", "temperature": 40}
-    decision = ENGINE.decide(GPU, parse_request("PUT", STATUS), sent, stored)
+    decision = decide_offline(ENGINE, GPU, parse_request("PUT", STATUS), sent, stored)
     assert decision.allowed, decision.message
     nic = next(e for e in sent["status"]["devices"] if e["driver"] != GPU.driver)
     nic["conditions"][0]["lastTransitionTime"] = "2026-12-02T21:30:01+00:00"
-    decision = ENGINE.decide(GPU, parse_request("PUT", STATUS), sent, stored)
+    decision = decide_offline(ENGINE, GPU, parse_request("PUT", STATUS), sent, stored)
     assert not decision.allowed
     assert "status.devices[0].conditions[0].lastTransitionTime differs" in decision.message
 
@@ -165,11 +166,11 @@ def test_a_merge_patch_echoing_a_null_is_refused_like_the_put() -> None:
     own = {"driver": GPU.driver, "pool": "node-a", "device": "gpu-0", "data": {"uuid": "G"}}
     body = copy.deepcopy(stored)
     body["status"]["devices"] = [nic, own]
-    decision = ENGINE.decide(GPU, parse_request("PUT", STATUS), body, stored)
+    decision = decide_offline(ENGINE, GPU, parse_request("PUT", STATUS), body, stored)
     assert decision.allowed, decision.message
     patch = {"status": {"devices": [nic, own]}}
-    decision = ENGINE.decide(
-        GPU, parse_request("PATCH", STATUS), patch, stored, media_type=MERGE_PATCH
+    decision = decide_offline(
+        ENGINE, GPU, parse_request("PATCH", STATUS), patch, stored, media_type=MERGE_PATCH
     )
     assert not decision.allowed
     assert "status.devices[0].data.vlan differs from the stored object" in decision.message

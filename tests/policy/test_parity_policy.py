@@ -12,6 +12,7 @@ from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
 from gatekeeper.policy.model import Field
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing import decide_offline, planned_fetch
 
 HEAD = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"
 SLICE = """\
@@ -161,10 +162,12 @@ def test_a_driver_reads_only_its_own_node(
 ) -> None:
     info = parse_request(method, target)
     body: Any = {} if method in ("PUT", "PATCH", "POST") else None
-    decision = ENGINE.decide(GPU, info, body, None)
+    decision = decide_offline(ENGINE, GPU, info, body, None)
     assert decision.allowed is allowed, decision.message
     if allowed:
         assert decision.target == info and decision.filter is None
-        assert ENGINE.lookup(GPU, info) is None, "nothing to fetch for the node's own object"
+        assert planned_fetch(ENGINE, GPU, info) is None, (
+            "nothing to fetch for the node's own object"
+        )
     else:
         assert decision.code == code and message in decision.message, decision.message
