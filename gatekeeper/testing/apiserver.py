@@ -5,7 +5,8 @@ Generic over a list of :class:`ServedKind`; faithful to recordings of a real kub
 implement them (``_objects``, ``_patch``, ``_watch``, ``_render``, ``_negotiate``,
 ``_discovery``); the notable ones: no authorization (a valid token or client certificate
 may do anything), no anonymous access (401, where the apiserver would answer 403), JSON
-only, no managedFields, no per-kind validation or defaulting, no version conversion.
+only, simplified managedFields (``_managed``), little per-kind validation (``_typed``), no
+defaulting, no version conversion.
 """
 
 from __future__ import annotations
@@ -180,6 +181,12 @@ class APIServer:
     def compact(self) -> None:
         """Forget history up to now: older resourceVersions become too old (410)."""
         self.store.compact()
+
+    def reset(self) -> None:
+        """Start again from an empty store: every object and all history forgotten, the
+        resourceVersion counter back at 0, open watches ended."""
+        self.store.close()
+        self.store = Store(self._by_resource)
 
     # --- middlewares -------------------------------------------------------------------------
 
