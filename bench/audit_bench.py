@@ -29,7 +29,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 GPU, NIC, NODE, TOKEN = "gpu.example.com", "nic.example.com", "node-a", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -105,7 +105,7 @@ async def bench_proxy(
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=upstream.url, token=TOKEN)),
+        upstream=UpstreamSession(UpstreamConfig(server=upstream.url, token=TOKEN)),
         audit=audit,
         audit_level=AuditLevel.METADATA,
         socket_dir=socket_dir,

@@ -23,7 +23,7 @@ from gatekeeper.policy import Engine, load_policy
 from gatekeeper.requestinfo import parse_request
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 NODE, DRIVER, TOKEN = "node-a", "gpu.example.com", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -78,7 +78,7 @@ async def main(total: int, concurrency: int) -> None:
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=api.url, token=TOKEN)),
+        upstream=UpstreamSession(UpstreamConfig(server=api.url, token=TOKEN)),
         socket_dir=sockets,
     )
     await server.start()

@@ -14,7 +14,7 @@ from typing import NoReturn
 from gatekeeper.audit import JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
 from gatekeeper.server import GatekeeperServer
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 __all__ = ["main", "run_until_signal"]
 
@@ -143,7 +143,7 @@ def _serve(ns: argparse.Namespace) -> int:
         policy=config.policy,
         node_name=config.node_name,
         node_labels=config.node_labels,
-        upstream=Upstream(config.upstream),
+        upstream=UpstreamSession(config.upstream),
         audit=audit,
         audit_level=config.audit_level,
         socket_dir=config.socket_dir,

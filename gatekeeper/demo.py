@@ -18,7 +18,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 __all__ = ["DEMO_DRIVER", "DEMO_NODE", "run_demo"]
 
@@ -39,10 +39,11 @@ async def _demo() -> None:
     _seed(api)
     ca = create_ca("dra-gatekeeper-demo-ca")
     files = _write_pki(workdir, ca)
+    upstream = UpstreamSession(UpstreamConfig(server="http://127.0.0.1:1", token=token))
     server = GatekeeperServer(
         policy=policy,
         node_name=DEMO_NODE,
-        upstream=Upstream(UpstreamConfig(server="http://127.0.0.1:1", token=token)),
+        upstream=upstream,
         audit=JsonLinesWriter(str(workdir / "audit.log")),
         socket_dir=workdir / "sockets",
         listen=("127.0.0.1", 0),
@@ -51,7 +52,7 @@ async def _demo() -> None:
 
     async def start() -> None:
         url = await api.start()
-        server.upstream.config = UpstreamConfig(server=url, token=token)
+        upstream.config = UpstreamConfig(server=url, token=token)
         await server.start()
         kubeconfig = _write_kubeconfig(workdir, server.tls_port or 0, files)
         _print_instructions(workdir, kubeconfig)

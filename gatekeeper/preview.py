@@ -17,7 +17,7 @@ __all__ = ["preview_patch"]
 async def preview_patch(upstream: Upstream, preview: Preview) -> Preview:
     """``preview`` with the upstream's answer: what the patch would store, or the apiserver's
     Status when it rejects it (the engine then passes that answer to the driver)."""
-    status, result = await upstream.call(
+    status, result = await upstream.request(
         "PATCH", preview.dry_run.target, preview.body, preview.media_type
     )
     return preview.answered(status, result)

@@ -40,7 +40,8 @@ from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
-from gatekeeper.upstream import Upstream
+from gatekeeper.types import KubeObject
+from gatekeeper.upstream import Upstream, UpstreamResponse
 
 __all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
 
@@ -93,33 +94,37 @@ async def handle(request: web.Request) -> web.StreamResponse:
         flow.media_type, flow.body = await read_body(request, flow.info)
         flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
         if flow.decision.forwards:
-            return await forward(request, flow, gk.upstream)
+            return await forward(request, flow, gk)
         return _answer(flow, flow.decision)
     except Refusal as refusal:
         # Refused before the engine (identity, headers, path, body): the one verdict is this.
-        refused = deny(
-            refusal.code,
-            refusal.reason,
-            refusal.message,
+        flow.decision = Decision(
+            allowed=False,
+            reason=refusal.reason,
+            code=refusal.code,
+            message=refusal.message,
+            details=refusal.details,
             retry_after=refusal.retry_after,
-            **refusal.details,
         )
-        flow.decision = refused
-        return _answer(flow, refused)
+        return _answer(flow, flow.decision)
     except UpstreamError as error:
         log.warning(
             "upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message
         )
         if flow.decision is None:
             # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
-            flow.decision = deny(
-                error.code, f"upstream failed before the decision: {error.message}"
-            )
-        failed = deny(error.code, error.message, retry_after=1 if error.code == 503 else None)
+            flow.decision = deny(error.code, f"no decision, the upstream failed: {error.message}")
+        retry_after = 1 if error.code == 503 else None
+        failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
         return _answer(flow, failed)
+    except Exception as exc:
+        # A fault of the gatekeeper's own: the event carries the true code (aiohttp answers 500).
+        flow.finish(500, f"internal error: {type(exc).__name__}")
+        raise
     finally:
         if flow.completed is None:
-            flow.finish(flow.status_code or 499, "client disconnected")
+            # Cancelled: the driver went away (or the server is stopping) mid-request.
+            flow.finish(499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
@@ -151,7 +156,7 @@ async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
     return media_type, decoded
 
 
-async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.StreamResponse:
+async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
     assert decision is not None and decision.target is not None
@@ -159,7 +164,7 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
     payload = None if decision.body is None else json.dumps(decision.body).encode()
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
-        request.headers, audit_id=flow.audit_id, token=upstream.token(), content_type=media_type
+        request.headers, audit_id=flow.audit_id, content_type=media_type
     )
     watch_state: WatchFilter | None = None
     if decision.filter is not None:
@@ -167,55 +172,28 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         # a Table or metadata-only answer cannot be, so it is never asked for.
         headers["Accept"] = PLAIN_JSON
         if flow.long_running:
-            watch_state = await prime_watch(upstream, target, decision.filter)
-    response: web.StreamResponse | None = None
+            watch_state = await prime_watch(gk.upstream, target, decision.filter)
     flow.forwarded = Forwarded(target.method, target.target, media_type)
+    response: web.StreamResponse | None = None
     try:
-        async with upstream.request(
+        async with gk.upstream.stream(
             target.method, target.target, headers, payload, long_running=flow.long_running
-        ) as upstream_response:
-            flow.upstream_audit_id = upstream_response.headers.get("Audit-Id", "")
-            flow.status_code = upstream_response.status
+        ) as answer:
+            flow.upstream_audit_id = answer.headers.get("Audit-Id", "")
+            flow.status_code = answer.status
+            body = answer.chunks()
+            if answer.status < 400 and decision.filter is not None:
+                scoped = await scoped_chunks(target, body, decision.filter, watch_state)
+                if isinstance(scoped, Decision):
+                    # The object left the driver's scope after the engine's read: one 404.
+                    flow.decision = scoped
+                    return _answer(flow, scoped)
+                body = scoped
             response = web.StreamResponse(
-                status=upstream_response.status,
-                headers=response_headers(upstream_response.headers, audit_id=flow.audit_id),
+                status=answer.status,
+                headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            gk = request.app[GATEKEEPER]
-            capture = ResponseCapture(
-                gk.audit_level is AuditLevel.REQUEST_RESPONSE
-                and logs_bodies(flow.info)
-                and not flow.long_running,
-                upstream_response.headers.get("Content-Type", ""),
-            )
-            if upstream_response.status >= 400:
-                payload = await upstream_response.content.read(_MAX_CAPTURED_ERROR)
-                flow.status_message = _message_of(payload)
-                await response.prepare(request)
-                capture.feed(payload)
-                await response.write(payload)
-                async for chunk in upstream_response.content.iter_any():
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            else:
-                chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
-                if decision.filter is not None:
-                    scoped = await scoped_chunks(
-                        target, upstream_response.content, decision.filter, watch_state
-                    )
-                    if isinstance(scoped, Decision):
-                        # The object left the driver's scope after the engine's read.
-                        flow.decision = scoped
-                        return _answer(flow, scoped)
-                    chunks = scoped
-                await response.prepare(request)
-                flow.response_started = datetime.now(UTC)
-                if flow.long_running:
-                    event = build_event(flow, gk.audit_level, STAGE_STARTED)
-                    await gk.audit.emit(event)
-                async for chunk in chunks:
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            await response.write_eof()
+            captured = await _relay(request, response, flow, gk, answer, body)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -227,9 +205,48 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         if request.transport is not None:
             request.transport.close()
         return response
-    flow.response_object = capture.result()
-    flow.finish(upstream_response.status)
+    except ConnectionResetError:
+        # The driver went away while its answer was written: its disconnect, not the upstream's.
+        if response is None:
+            raise
+        flow.finish(499, "client disconnected")
+        return response
+    flow.response_object = captured
+    flow.finish(answer.status)
     return response
+
+
+async def _relay(
+    request: web.Request,
+    response: web.StreamResponse,
+    flow: Flow,
+    gk: Gatekeeper,
+    answer: UpstreamResponse,
+    body: AsyncIterator[bytes],
+) -> KubeObject | None:
+    """Write the upstream's answer to the driver; the captured response object, if logged."""
+    capture = ResponseCapture(
+        gk.audit_level is AuditLevel.REQUEST_RESPONSE
+        and logs_bodies(flow.info)
+        and not flow.long_running,
+        answer.headers.get("Content-Type", ""),
+    )
+    if answer.status >= 400:
+        head = await answer.read(_MAX_CAPTURED_ERROR)
+        flow.status_message = _message_of(head)
+        await response.prepare(request)
+        capture.feed(head)
+        await response.write(head)
+    else:
+        await response.prepare(request)
+        flow.response_started = datetime.now(UTC)
+        if flow.long_running:
+            await gk.audit.emit(build_event(flow, gk.audit_level, STAGE_STARTED))
+    async for chunk in body:
+        capture.feed(chunk)
+        await response.write(chunk)
+    await response.write_eof()
+    return capture.result()
 
 
 def _answer(flow: Flow, answer: Decision) -> web.Response:

@@ -12,23 +12,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import (
+from gatekeeper.testing import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PKI,
+    APIServer,
     Kubectl,
     Running,
-    needs_kubectl,
     running_gatekeeper,
     slice_manifest,
 )
+from gatekeeper.upstream import UpstreamSession
 
 GROUP = "resource.k8s.io"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -147,7 +147,7 @@ def _apply_manifest(model: str) -> str:
     return yaml.safe_dump(manifest)
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_kubectl_applies_again_and_again(kubectl: Kubectl, apiserver: APIServer) -> None:
     """167-168 vs 169-170: an apply-create forwarded as a create leaves the fields to an Update
     manager, and the next apply that changes a value is a 409 conflict with "kubectl"."""
@@ -183,7 +183,7 @@ async def test_an_apply_create_of_a_kind_without_immutable_owners_is_a_create(
     assert [(m, p) for m, p, _ in upstream_writes(apiserver)] == [("POST", POOLS)]
 
 
-class _CreatesInBetween(Upstream):
+class _CreatesInBetween(UpstreamSession):
     """Another driver creates ``obj`` right after the gatekeeper's read of the name."""
 
     def __init__(self, apiserver: APIServer, obj: dict[str, Any]) -> None:
@@ -250,7 +250,7 @@ async def test_a_driver_reads_its_own_node_and_nothing_else(
 # --- 7: a get answered from the object checked -------------------------------------------------
 
 
-class _ReplacesAfterRead(Upstream):
+class _ReplacesAfterRead(UpstreamSession):
     """Another driver deletes the object and creates its own under the name, right after the
     gatekeeper's read of it."""
 

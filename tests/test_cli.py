@@ -13,8 +13,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NODE_TOKEN
+from gatekeeper.testing import GPU, NODE_TOKEN, APIServer
 
 SERVE = [sys.executable, "-m", "gatekeeper", "serve"]
 

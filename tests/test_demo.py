@@ -8,10 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.conftest import KUBECTL, needs_kubectl
+import pytest
+
+from gatekeeper.testing import KUBECTL
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_demo_serves_kubectl_and_cleans_up(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,

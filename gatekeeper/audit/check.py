@@ -26,7 +26,7 @@ __all__ = ["Change", "CheckReport", "check_records", "format_report"]
 _NOT_REPLAYABLE_CODES = frozenset({401, 413, 415, 429})
 # Outcomes that are about the stored object, not authorization: the same on both sides.
 _STATE_CODES = frozenset({404, 409})
-JSON = "application/json"
+_JSON = "application/json"
 _UNDETERMINED = "refused before, allowed now only if the object is the caller's (not in the log)"
 
 
@@ -112,7 +112,7 @@ def _decide(
         info = parse_request(method_of(record.verb), record.request_uri)
     except Refusal as refusal:
         return deny(refusal.code, refusal.reason, refusal.message), "full"
-    media_type = JSON
+    media_type = _JSON
     if info.verb == "patch":
         media_type = patch_type(record, record.request_object, info)
     plan = engine.plan(identity, info, media_type)

@@ -11,7 +11,7 @@ from gatekeeper.types import KubeObject
 
 __all__ = ["NOT_FOUND", "Decision", "allow", "answered", "deny", "forbid", "not_found"]
 
-JSON = "application/json"
+_JSON = "application/json"
 NOT_FOUND = "object not found"
 """The reason of a 404 for an object that does not exist (not a refusal: ``audit summarize``)."""
 
@@ -34,7 +34,7 @@ class Decision:
     message: str = ""
     target: RequestInfo | None = None
     body: Any = None
-    media_type: str = JSON
+    media_type: str = _JSON
     """Content type of the forwarded ``body`` (a patch keeps its own)."""
     details: Mapping[str, Any] = field(default_factory=dict)
     filter: Callable[[KubeObject], bool] | None = None
@@ -56,7 +56,7 @@ def allow(
     reason: str,
     target: RequestInfo,
     body: Any = None,
-    media_type: str = JSON,
+    media_type: str = _JSON,
     *,
     filter: Callable[[KubeObject], bool] | None = None,
 ) -> Decision:
@@ -70,21 +70,9 @@ def allow(
     )
 
 
-def deny(
-    code: int,
-    reason: str,
-    message: str | None = None,
-    *,
-    retry_after: int | None = None,
-    **details: str,
-) -> Decision:
+def deny(code: int, reason: str, message: str | None = None, **details: str) -> Decision:
     return Decision(
-        allowed=False,
-        reason=reason,
-        code=code,
-        message=message or reason,
-        details=details,
-        retry_after=retry_after,
+        allowed=False, reason=reason, code=code, message=message or reason, details=details
     )
 
 

@@ -51,7 +51,7 @@ ANSWERED_FROM_READ = "stored object belongs to the driver on this node; answered
 REJECTED_PREVIEW = "the apiserver rejected the patch preview"
 """The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
 
-JSON = "application/json"
+_JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
 _OBJECT_VERBS = frozenset({"get", "update", "patch", "delete"})
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -74,7 +74,7 @@ class Engine:
         self,
         identity: Identity,
         info: RequestInfo,
-        media_type: str = JSON,
+        media_type: str = _JSON,
         *,
         plain_json: bool = False,
     ) -> Plan | Decision:

@@ -11,7 +11,7 @@ from gatekeeper.types import Identity, KubeObject
 
 __all__ = ["decide_offline", "planned_fetch"]
 
-JSON = "application/json"
+_JSON = "application/json"
 
 
 def decide_offline(
@@ -21,7 +21,7 @@ def decide_offline(
     body: Any = None,
     current: KubeObject | None = None,
     *,
-    media_type: str = JSON,
+    media_type: str = _JSON,
     proposed: KubeObject | None = None,
 ) -> Decision:
     """What the proxy would decide with ``current`` as the stored object and ``proposed`` as the

@@ -178,7 +178,7 @@ def _create_object(
     call: Call, obj: KubeObject, *, reset_status: bool, operation: str = UPDATE_OP
 ) -> KubeObject:
     target, store = call.target, call.store
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
     generated = not meta.get("name") and bool(meta.get("generateName"))
     for _ in range(8 if generated else 1):  # generateName collisions are retried, boundedly
         prepared = prepare_create(

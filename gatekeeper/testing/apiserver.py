@@ -161,7 +161,7 @@ class APIServer:
         kind = self._kind_of(obj)
         version = str(obj["apiVersion"]).rpartition("/")[2]
         check_type_meta(obj, kind, version)
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
         namespace = str(meta.get("namespace") or "default") if kind.namespaced else ""
         prepared = prepare_create(kind, version, namespace, obj, reset_status=False, seeding=True)
         key = (kind.group, kind.resource)

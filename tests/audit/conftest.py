@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,27 +14,8 @@ from gatekeeper.config import server_ssl_context
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer
-from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import NODE, NODE_TOKEN, PKI, Running
-
-
-@dataclass
-class Audited(Running):
-    """A gatekeeper with its audit log; ``stop()`` flushes it, ``events()`` reads it."""
-
-    log_path: Path = Path()
-    stopped: bool = False
-
-    async def stop(self) -> None:
-        if not self.stopped:
-            self.stopped = True
-            await self.server.stop()
-
-    async def events(self) -> list[dict[str, Any]]:
-        await self.stop()
-        with open(self.log_path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle]
+from gatekeeper.testing import NODE, NODE_TOKEN, PKI, APIServer, Audited
+from gatekeeper.upstream import UpstreamSession
 
 
 @pytest.fixture
@@ -54,7 +32,7 @@ async def audited(
     server = GatekeeperServer(
         policy=policy,
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
+        upstream=UpstreamSession(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
         audit=JsonLinesWriter(str(log_path)),
         audit_level=audit_level,
         socket_dir=socket_dir,

@@ -16,10 +16,17 @@ import pytest
 
 from gatekeeper.audit import AuditLevel
 from gatekeeper.policy import Policy, parse_policy
-from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
-from tests.conftest import GPU, NODE, NODE_TOKEN
-from tests.test_proxy import PINNED, SLICES, seed, slice_body
+from gatekeeper.testing import (
+    GPU,
+    NODE,
+    NODE_TOKEN,
+    PINNED,
+    SLICES,
+    APIServer,
+    Audited,
+    seed,
+    slice_body,
+)
 
 DECISION = "authorization.k8s.io/decision"
 REASON = "authorization.k8s.io/reason"
