@@ -177,8 +177,8 @@ async def test_an_apply_create_of_a_kind_without_immutable_owners_is_a_create(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
     """The DevicePool CRD declares no ``immutable``: its apply-create stays a POST."""
-    target = f"{POOLS}/node-a-pool?fieldManager=gpu-driver"
-    status, answer = await send(gatekeeper, "PATCH", target, _pool("node-a-pool"), media_type=APPLY)
+    target = f"{POOLS}/{NODE}?fieldManager=gpu-driver"
+    status, answer = await send(gatekeeper, "PATCH", target, _pool(NODE), media_type=APPLY)
     assert status == 201, answer
     assert [(m, p) for m, p, _ in upstream_writes(apiserver)] == [("POST", POOLS)]
 
@@ -212,14 +212,12 @@ async def test_the_apply_create_race_stays_closed_for_both_kinds(
     assert status == 422 and "field is immutable" in answer["message"], answer
     assert stored(apiserver)["spec"]["driver"] == NIC  # type: ignore[index]
 
-    upstream = _CreatesInBetween(apiserver, _pool("node-a-pool", driver=NIC))
+    upstream = _CreatesInBetween(apiserver, _pool(NODE, driver=NIC))
     async with running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running:
-        target = f"{POOLS}/node-a-pool?fieldManager=gpu-driver&force=true"
-        status, answer = await send(
-            running, "PATCH", target, _pool("node-a-pool"), media_type=APPLY
-        )
+        target = f"{POOLS}/{NODE}?fieldManager=gpu-driver&force=true"
+        status, answer = await send(running, "PATCH", target, _pool(NODE), media_type=APPLY)
     assert status == 409 and answer["reason"] == "AlreadyExists", answer
-    pool = apiserver.get("devmgmtproto.k8s.io", "devicepools", "node-a-pool")
+    pool = apiserver.get("devmgmtproto.k8s.io", "devicepools", NODE)
     assert pool is not None and pool["spec"]["driver"] == NIC
 
 
