@@ -166,13 +166,7 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
     )
-    watch_state: WatchFilter | None = None
-    if decision.filter is not None:
-        # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
-        # a Table or metadata-only answer cannot be, so it is never asked for.
-        headers["Accept"] = PLAIN_JSON
-        if flow.long_running:
-            watch_state = await prime_watch(gk.upstream, target, decision.filter)
+    watch_state = await _prepare_filter(flow, decision, headers, gk.upstream)
     flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     try:
@@ -193,7 +187,7 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
                 status=answer.status,
                 headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            captured = await _relay(request, response, flow, gk, answer, body)
+            flow.response_object = await _relay(request, response, flow, gk, answer, body)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -211,9 +205,22 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             raise
         flow.finish(499, "client disconnected")
         return response
-    flow.response_object = captured
     flow.finish(answer.status)
     return response
+
+
+async def _prepare_filter(
+    flow: Flow, decision: Decision, headers: dict[str, str], upstream: Upstream
+) -> WatchFilter | None:
+    """For a response filtered object by object: plain JSON, and a watch's starting state."""
+    if decision.filter is None or decision.target is None:
+        return None
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    if not flow.long_running:
+        return None
+    return await prime_watch(upstream, decision.target, decision.filter)
 
 
 async def _relay(
