@@ -10,7 +10,8 @@ being written) stays what it is.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
@@ -114,10 +115,19 @@ class UpstreamSession:
     Redirects are never followed: a 3xx is a 502.
     """
 
-    def __init__(self, config: UpstreamConfig, *, max_connections: int = 100) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        max_connections: int = 100,
+        tokens: TokenSource | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         self.config = config
-        self._tokens = TokenSource(config)
-        self._ssl = build_ssl_context(config)
+        self._tokens = tokens if tokens is not None else TokenSource(config)
+        self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
+        self._trace_configs = list(trace_configs)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -132,6 +142,7 @@ class UpstreamSession:
             connector=connector,
             auto_decompress=True,
             skip_auto_headers=("Accept-Encoding",),
+            trace_configs=self._trace_configs or None,
         )
 
     async def close(self) -> None:
@@ -197,7 +208,8 @@ class UpstreamSession:
             response.close()  # the body was not read to its end: the connection is not reused
             raise
         else:
-            response.release()
+            response.release()  # back to the pool if the body was read to its end
+            await response.wait_for_close()
 
 
 async def read_json_object(

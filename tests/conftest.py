@@ -14,17 +14,16 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.policy import Policy, load_policy
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.testing.harness import (
     GPU,
     KUBECTL,
     NIC,
     NODE_TOKEN,
     PKI,
-    APIServer,
     Kubectl,
     Running,
     running_gatekeeper,
-    served_kinds,
     write_kubeconfig,
 )
 

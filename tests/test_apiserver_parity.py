@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PKI,
-    APIServer,
     Kubectl,
     Running,
     running_gatekeeper,

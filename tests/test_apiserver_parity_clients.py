@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import GPU, NIC, NODE, NODE_TOKEN, APIServer, Running, write_kubeconfig
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Running, write_kubeconfig
 
 GROUP = "resource.k8s.io"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     SELECTOR,
-    APIServer,
     Kubectl,
     Running,
     slice_manifest,

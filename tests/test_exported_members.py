@@ -20,8 +20,10 @@ MODULES = sorted(
 )
 # Public names not exported, with why. Loggers are exempt by shape (``x = logging.getLogger``).
 NOT_EXPORTED: dict[str, set[str]] = {
-    # In the embedded API server, which another change is rewriting: to be renamed there.
+    # Modules of the embedded API server, whose own change names them: to be renamed there.
+    "gatekeeper.testing._managed": {"Path"},
     "gatekeeper.testing._render": {"Cell"},
+    "gatekeeper.testing._typed": {"OPAQUE_PARAMETERS_MAX"},
 }
 
 
@@ -71,7 +73,7 @@ def _declared(name: str, tree: ast.Module) -> list[str]:
 
 
 def test_every_module_is_found() -> None:
-    assert {"gatekeeper.proxy", "gatekeeper.policy.plan", "gatekeeper.testing._engine"} <= set(
+    assert {"gatekeeper.proxy", "gatekeeper.policy.plan", "gatekeeper.testing.harness"} <= set(
         MODULES
     )
 

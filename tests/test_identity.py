@@ -16,7 +16,7 @@ import pytest
 from gatekeeper.config import server_ssl_context
 from gatekeeper.errors import Refusal
 from gatekeeper.identity import Identity, identify
-from gatekeeper.testing import GPU, PKI
+from gatekeeper.testing.harness import GPU, PKI
 
 Outcome = Identity | Refusal
 

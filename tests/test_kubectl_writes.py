@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from gatekeeper.testing import NIC, APIServer, Kubectl, slice_manifest
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import NIC, Kubectl, slice_manifest
 
 pytestmark = pytest.mark.kubectl
 NAME = "node-a-gpu-0"

@@ -14,7 +14,8 @@ from gatekeeper.policy.patching import STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import GPU, NODE, NODE_TOKEN, SLICES, APIServer, seed
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN, SLICES, seed
 from gatekeeper.types import Identity
 from gatekeeper.upstream import UpstreamSession
 

@@ -12,15 +12,15 @@ import aiohttp
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.policy.engine import REJECTED_PREVIEW
-from gatekeeper.testing import (
+from gatekeeper.policy.decision import REJECTED_PREVIEW
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PINNED,
     SLICES,
-    APIServer,
     RecordingSink,
     Running,
     raw_request,
@@ -432,7 +432,7 @@ async def test_driver_disconnecting_mid_stream_is_a_driver_disconnect(
 ) -> None:
     """A driver that goes away during its watch is audited as 499, not as an upstream failure."""
     sink = RecordingSink()
-    async with running_gatekeeper(apiserver, policy, pki, audit=sink) as running:
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
         reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
         writer.write(f"GET {SLICES}?{PINNED}&watch=true HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -469,7 +469,7 @@ async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
     sink = RecordingSink()
     upstream = ChangesAfterTheFetch(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
     async with (
-        running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit=sink) as running,
+        running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit_sink=sink) as running,
         running.unix_session(GPU) as session,
     ):
         response = await session.patch(
@@ -486,3 +486,27 @@ async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
     assert event["responseStatus"]["code"] == 409
     assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
     assert event["annotations"]["authorization.k8s.io/reason"] == REJECTED_PREVIEW
+
+
+async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """Not 499 "client disconnected": the driver got a 500, and the event says so."""
+
+    class Broken:
+        node_name = NODE
+
+        def plan(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    sink = RecordingSink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
+        running.server.gatekeeper.engine = Broken()  # type: ignore[assignment]
+        async with running.unix_session(GPU) as session:
+            response = await session.get(f"{SLICES}?{PINNED}")
+            await response.read()
+    assert response.status == 500
+    (event,) = sink.events
+    assert event["responseStatus"]["code"] == 500
+    assert event["responseStatus"]["message"] == "internal error: RuntimeError"
+    assert apiserver.journal == []

@@ -434,3 +434,21 @@ def test_as_list_keeps_only_the_named_query_keys() -> None:
         "/apis/resource.k8s.io/v1/namespaces/d/resourceclaims?labelSelector=a%3Db&resourceVersion=7"
     )
     assert listing == parse_request("GET", listing.target)
+
+
+def test_requestinfo_is_the_only_query_encoder() -> None:
+    """Every query the gatekeeper sends is RequestInfo's canonical form (not the fake's)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).parents[1] / "gatekeeper"
+    encoders = {"urlencode", "quote", "quote_plus"}
+    users = []
+    for path in package.rglob("*.py"):
+        if "testing" in path.parts or path.name == "requestinfo.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = {a.name for a in node.names} if isinstance(node, ast.ImportFrom) else set()
+            if getattr(node, "module", None) == "urllib.parse" and encoders & names:
+                users.append(path.name)
+    assert users == []

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PKI,
     SLICES,
-    APIServer,
     Running,
     raw_request,
     running_gatekeeper,

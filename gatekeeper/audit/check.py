@@ -121,7 +121,8 @@ def _decide(
     inputs = memory.inputs(record, info, plan.fetch, driver, node)
     proposed = None
     if inputs.proposed is not None:
-        # What the apiserver stored: the result the proxy's preview (or patch) saw.
+        # What the apiserver stored: the result the proxy's preview (or patch) saw. The
+        # patch is not pinned here: nothing is forwarded offline.
         proposed = Preview(info, inputs.body, media_type, record.code, inputs.proposed)
     decision = engine.decide(plan, inputs.body, inputs.current, proposed)
     memory.remember(record, info)

@@ -9,11 +9,22 @@ from typing import Any
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
-__all__ = ["NOT_FOUND", "Decision", "allow", "answered", "deny", "forbid", "not_found"]
+__all__ = [
+    "NOT_FOUND",
+    "REJECTED_PREVIEW",
+    "Decision",
+    "allow",
+    "answered",
+    "deny",
+    "forbid",
+    "not_found",
+]
 
 _JSON = "application/json"
 NOT_FOUND = "object not found"
 """The reason of a 404 for an object that does not exist (not a refusal: ``audit summarize``)."""
+REJECTED_PREVIEW = "the apiserver rejected the patch preview"
+"""The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
 
 
 @dataclass(frozen=True, slots=True)

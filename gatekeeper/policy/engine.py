@@ -41,15 +41,12 @@ from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_
 from gatekeeper.status import status_body
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "REJECTED_PREVIEW", "Engine"]
+__all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
 
 METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
 """The apiserver's 405 message (recording 199: POST to a named path)."""
 ANSWERED_FROM_READ = "stored object belongs to the driver on this node; answered from that read"
 """The reason of a plain-JSON get answered with the object the decision was made on."""
-
-REJECTED_PREVIEW = "the apiserver rejected the patch preview"
-"""The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
@@ -117,9 +114,6 @@ class Engine:
         """
         info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         media_type = plan.media_type
-        if proposed is not None and proposed.rejected and proposed.result is not None:
-            # The real patch would fail the same way: the driver gets the apiserver's answer.
-            return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
         if plan.scope is not None:
             return decide_allocated(
                 plan.scope, info, kind, body, current, media_type=media_type, proposed=proposed

@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from gatekeeper.jsonpath import get_field
-from gatekeeper.policy.decision import Decision, allow, deny
+from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, allow, answered, deny
 from gatekeeper.policy.model import KindSpec
 from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.requestinfo import RequestInfo
@@ -120,11 +120,15 @@ def patch_result(
     proposed: Preview | None,
 ) -> Decision | tuple[KubeObject, Any]:
     """The object a patch of ``current`` would store and the patch pinned to ``current``'s
-    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape).
+    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape), or the
+    apiserver's own answer when it rejected the preview. Callers check ownership first.
 
     With a ``proposed`` preview answered by the upstream, its result and its pinned patch (built
     once, for the dry run) are used; without, the result is approximated by a merge patch.
     """
+    if proposed is not None and proposed.rejected and proposed.result is not None:
+        # The real patch would fail the same way: the driver gets the apiserver's answer.
+        return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
     stored_rv = stored_resource_version(current)
     if conflict := stale_conflict(info, kind, requested_resource_version(patch), stored_rv):
         return conflict

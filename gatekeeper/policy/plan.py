@@ -82,13 +82,19 @@ class Plan:
     def driver(self) -> str:
         return self.identity.driver
 
+    @property
+    def previews(self) -> bool:
+        """Whether the patch's result is asked of the upstream (a strategic-merge or apply
+        patch of a stored object the caller may touch: see :meth:`preview`)."""
+        return self.info.verb == "patch" and self.media_type in PREVIEWED
+
     def preview(self, body: Any, current: KubeObject | None) -> Preview | None:
         """The dry-run request a strategic-merge or apply patch of ``current`` needs, or None.
 
         Only for a stored object the caller may touch: nothing about another driver's object
         is asked of the apiserver. A patch that cannot be pinned is refused by ``decide``.
         """
-        if self.info.verb != "patch" or self.media_type not in PREVIEWED or current is None:
+        if not self.previews or current is None:
             return None
         if not isinstance(body, dict) or not self.owns(current):
             return None

@@ -63,6 +63,7 @@ def _bad(message: str) -> APIError:
 
 
 def _dry_run(values: Any) -> bool:
+    values = [] if values is None else values
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise _bad("dryRun must be a list of strings")
     for value in values:
@@ -85,10 +86,12 @@ def _from_body(body: bytes) -> DeleteOptions:
         raise _bad(f"kind {doc.get('kind')!r} is not DeleteOptions")
     if doc.get("apiVersion", "v1") not in _API_VERSIONS:
         raise _bad(f"apiVersion {doc.get('apiVersion')!r} is not meta.k8s.io/v1")
-    preconditions = doc.get("preconditions") or {}
+    preconditions = doc.get("preconditions")
+    preconditions = {} if preconditions is None else preconditions
     grace = doc.get("gracePeriodSeconds")
     orphan = doc.get("orphanDependents")
-    policy = doc.get("propagationPolicy") or ""
+    policy = doc.get("propagationPolicy")
+    policy = "" if policy is None else policy
     if (
         not isinstance(preconditions, dict)
         or not (grace is None or (isinstance(grace, int) and not isinstance(grace, bool)))
@@ -97,7 +100,7 @@ def _from_body(body: bytes) -> DeleteOptions:
     ):
         raise _bad("a field has the wrong type")
     return _checked(
-        DeleteOptions(_dry_run(doc.get("dryRun") or []), preconditions, policy, orphan, grace)
+        DeleteOptions(_dry_run(doc.get("dryRun", [])), preconditions, policy, orphan, grace)
     )
 
 

@@ -20,15 +20,16 @@ from typing import Any
 
 import aiohttp
 
+from gatekeeper.audit import AuditSink
 from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.config import server_ssl_context
+from gatekeeper.config import ServeConfig, server_ssl_context
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing._factories import resource_slice
 from gatekeeper.testing.apiserver import APIServer
 from gatekeeper.types import KubeObject
-from gatekeeper.upstream import Upstream, UpstreamSession
+from gatekeeper.upstream import Upstream
 
 __all__ = [
     "GPU",
@@ -44,6 +45,7 @@ __all__ = [
     "raw_request",
     "running_gatekeeper",
     "seed",
+    "serve_config",
     "slice_body",
 ]
 
@@ -156,6 +158,27 @@ class RecordingSink:
         return None
 
 
+def serve_config(
+    apiserver: APIServer, policy: Policy, pki: PKI, socket_dir: Path, **options: Any
+) -> ServeConfig:
+    """The tests' serve configuration: the embedded API server upstream, sockets and mTLS.
+
+    ``options`` override any :class:`~gatekeeper.config.ServeConfig` field.
+    """
+    settings: dict[str, Any] = {
+        "node_name": NODE,
+        "policy": policy,
+        "upstream": UpstreamConfig(server=apiserver.url, token=NODE_TOKEN),
+        "socket_dir": socket_dir,
+        "listen": ("127.0.0.1", 0),
+        "listen_tls": server_ssl_context(
+            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
+        ),
+    }
+    settings.update(options)
+    return ServeConfig(**settings)
+
+
 @asynccontextmanager
 async def running_gatekeeper(
     apiserver: APIServer,
@@ -163,23 +186,16 @@ async def running_gatekeeper(
     pki: PKI,
     *,
     upstream: Upstream | None = None,
+    audit_sink: AuditSink | None = None,
     **options: Any,
 ) -> AsyncIterator[Running]:
-    """A gatekeeper on a fresh socket directory and an ephemeral mTLS port."""
+    """A gatekeeper on a fresh socket directory and an ephemeral mTLS port.
+
+    ``upstream`` and ``audit_sink`` replace the ones the configuration would build.
+    """
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
-    if upstream is None:
-        upstream = UpstreamSession(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=upstream,
-        socket_dir=socket_dir,
-        listen=("127.0.0.1", 0),
-        listen_ssl=server_ssl_context(
-            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
-        ),
-        **options,
-    )
+    config = serve_config(apiserver, policy, pki, socket_dir, **options)
+    server = GatekeeperServer(config, upstream=upstream, audit=audit_sink)
     await server.start()
     try:
         yield Running(server, socket_dir, pki)

@@ -29,6 +29,7 @@ from gatekeeper.testing._negotiate import negotiate_object
 from gatekeeper.testing._objects import (
     check_type_meta,
     decode_object,
+    metadata_of,
     prepare_create,
     prepare_update,
 )
@@ -178,7 +179,7 @@ def _create_object(
     call: Call, obj: KubeObject, *, reset_status: bool, operation: str = UPDATE_OP
 ) -> KubeObject:
     target, store = call.target, call.store
-    meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
+    meta = metadata_of(obj)
     generated = not meta.get("name") and bool(meta.get("generateName"))
     for _ in range(8 if generated else 1):  # generateName collisions are retried, boundedly
         prepared = prepare_create(
@@ -213,9 +214,9 @@ def _commit(
     recording 159 shows)."""
     new = normalize(call.target.kind, new)
     validate(call.target.kind, new)
+    new = _with_managed(call, stored, new, operation, applied)
     if deep(_same, new, stored):
         return stored
-    new = _with_managed(call, stored, new, operation, applied)
     if call.dry_run:
         return new
     meta = new["metadata"]
@@ -265,7 +266,7 @@ def _field_manager_required() -> APIError:
 
 def _apply_create(call: Call, patch: KubeObject) -> web.Response:
     target = call.target
-    meta = patch.get("metadata") if isinstance(patch.get("metadata"), dict) else {}
+    meta = metadata_of(patch)
     if meta.get("name", "") != target.name:
         raise bad_request(
             f"the name of the object ({meta.get('name', '')}) does not match "

@@ -34,7 +34,7 @@ __all__ = [
 MAX_DEPTH: Final = 10_000
 """Nesting levels the apiserver's decoder reads (Go ``encoding/json``'s ``maxNestingDepth``)."""
 
-_STACK_BYTES: Final = 512 * 1024 * 1024  # virtual: only the pages a deep call touches are used
+_STACK_BYTES: Final = 128 * 1024 * 1024  # virtual: only the pages a deep call touches are used
 _DEEP_RECURSION_LIMIT: Final = 8 * MAX_DEPTH  # deepcopy and merge use a few frames per level
 _LOCK = threading.Lock()
 _T = TypeVar("_T")

@@ -77,6 +77,12 @@ def _value(obj: Any, path: Path) -> Any:
 _ABSENT: Final = object()
 
 
+def _is_leaf(obj: KubeObject, path: Path) -> bool:
+    """``path`` is still a leaf of ``obj`` (present, and not an object with members)."""
+    value = _value(obj, path)
+    return value is not _ABSENT and not (isinstance(value, dict) and value)
+
+
 def _fields_v1(paths: Iterable[Path], *, dotted_maps: bool) -> dict[str, Any]:
     root: dict[str, Any] = {}
     for path in sorted(paths):
@@ -152,11 +158,17 @@ def owned_after(
         taken, gone = applied, set()
     key = (manager, operation, subresource)
     result: list[dict[str, Any]] = []
-    mine: set[Path] = set()
+    mine_at, mine = -1, set(taken)
     for entry, entry_paths in [] if old is None else _owners(old):
-        kept = {p for p in entry_paths if p not in gone and _value(new, p) is not _ABSENT}
+        kept = {p for p in entry_paths if p not in gone and _is_leaf(new, p)}
         if _entry_key(entry) == key:
-            mine = kept if applied is None else set()
+            mine_at = len(result)
+            if applied is None:
+                mine |= kept
+            if mine == entry_paths:
+                result.append(entry)  # unchanged, its time too
+            else:
+                result.append(_entry(manager, operation, api_version, mine, subresource))
             continue
         if applied is None:
             kept = {p for p in kept if not any(_overlaps(p, t) for t in taken)}
@@ -165,9 +177,10 @@ def owned_after(
         elif kept:
             dotted = entry.get("operation") == UPDATE_OP
             result.append(dict(entry, fieldsV1=_fields_v1(kept, dotted_maps=dotted)))
-    mine |= taken
-    if mine:
+    if mine_at < 0 and mine:
         result.append(_entry(manager, operation, api_version, mine, subresource))
+    elif mine_at >= 0 and not mine:
+        del result[mine_at]
     return result
 
 

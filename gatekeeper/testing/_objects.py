@@ -27,6 +27,7 @@ __all__ = [
     "decode_object",
     "generate_name",
     "mark_deleting",
+    "metadata_of",
     "prepare_create",
     "prepare_update",
 ]
@@ -57,6 +58,12 @@ def decode_object(body: bytes, kind: ServedKind) -> KubeObject:
             f"version/kind; json parse error: {error} ({text})"
         ) from None
     return obj
+
+
+def metadata_of(obj: KubeObject) -> dict[str, Any]:
+    """``obj["metadata"]`` if it is an object, else an empty dict."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
 
 
 def check_type_meta(obj: KubeObject, kind: ServedKind, version: str) -> None:

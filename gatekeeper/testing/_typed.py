@@ -123,7 +123,8 @@ def check_numbers(kind: ServedKind, obj: KubeObject) -> None:
     for i, key in enumerate(path):
         if isinstance(key, str) and not (i > 0 and path[i - 1] in _MAP_FIELDS):
             fields.append(key)
-    struct, go_type = _GO_FIELDS.get(tuple(fields[-2:]), ("", "float64"))
+    last_two = (fields[-2], fields[-1]) if len(fields) >= 2 else ("", "")
+    struct, go_type = _GO_FIELDS.get(last_two, ("", "float64"))
     version = str(obj.get("apiVersion", "")).rpartition("/")[2]
     where = f"Go struct field {struct}.{'.'.join(fields)}" if struct else "Go value"
     error: APIError = bad_request(

@@ -29,7 +29,7 @@ from gatekeeper.testing._errors import APIError, path_not_found
 from gatekeeper.testing._handlers import Call, handle_resource, json_response, method_not_allowed
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._negotiate import negotiate_discovery, not_acceptable, parse_accept
-from gatekeeper.testing._objects import check_type_meta, prepare_create
+from gatekeeper.testing._objects import check_type_meta, metadata_of, prepare_create
 from gatekeeper.testing._routing import resolve_resource_path
 from gatekeeper.testing.store import Store, object_key
 from gatekeeper.types import KubeObject
@@ -161,7 +161,7 @@ class APIServer:
         kind = self._kind_of(obj)
         version = str(obj["apiVersion"]).rpartition("/")[2]
         check_type_meta(obj, kind, version)
-        meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
+        meta = metadata_of(obj)
         namespace = str(meta.get("namespace") or "default") if kind.namespaced else ""
         prepared = prepare_create(kind, version, namespace, obj, reset_status=False, seeding=True)
         key = (kind.group, kind.resource)

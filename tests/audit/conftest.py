@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.audit import AuditLevel, JsonLinesWriter
+from gatekeeper.audit import AuditLevel
+from gatekeeper.config import AuditSettings
 from gatekeeper.policy import Policy
-from gatekeeper.testing import PKI, APIServer, Audited, running_gatekeeper
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import PKI, Audited, running_gatekeeper
 
 
 @pytest.fixture
@@ -22,10 +24,8 @@ async def audited(
     apiserver: APIServer, policy: Policy, pki: PKI, audit_level: AuditLevel, tmp_path: Path
 ) -> AsyncIterator[Audited]:
     log_path = tmp_path / "audit.log"
-    audit = JsonLinesWriter(str(log_path))
-    async with running_gatekeeper(
-        apiserver, policy, pki, audit=audit, audit_level=audit_level
-    ) as running:
+    settings = AuditSettings(path=str(log_path), level=audit_level)
+    async with running_gatekeeper(apiserver, policy, pki, audit=settings) as running:
         audited = Audited(running.server, running.socket_dir, running.pki, log_path=log_path)
         yield audited
         await audited.stop()

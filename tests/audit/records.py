@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gatekeeper.audit.reader import Record
-from gatekeeper.testing import GPU, NODE
+from gatekeeper.testing.harness import GPU, NODE
 
 __all__ = ["record"]
 

@@ -16,13 +16,13 @@ import pytest
 
 from gatekeeper.audit import AuditLevel
 from gatekeeper.policy import Policy, parse_policy
-from gatekeeper.testing import (
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
     GPU,
     NODE,
     NODE_TOKEN,
     PINNED,
     SLICES,
-    APIServer,
     Audited,
     seed,
     slice_body,

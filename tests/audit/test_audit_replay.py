@@ -11,7 +11,7 @@ from gatekeeper.audit.replay import ObjectMemory, method_of, patch_type
 from gatekeeper.policy import load_policy
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import GPU, NODE, SLICES, slice_body
+from gatekeeper.testing.harness import GPU, NODE, SLICES, slice_body
 from tests.audit.records import record
 
 POLICY = load_policy(None).with_drivers(frozenset({GPU}))

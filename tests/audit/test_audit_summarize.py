@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gatekeeper.audit.reader import ReadStats
 from gatekeeper.audit.summarize import format_table, summarize
-from gatekeeper.testing import GPU, NIC, SLICES, APIServer, Audited, seed
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import GPU, NIC, SLICES, Audited, seed
 
 
 async def test_a_missing_object_is_not_a_refusal(audited: Audited, apiserver: APIServer) -> None:

@@ -17,7 +17,7 @@ from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.claims import first_difference, same_instant, status_change_violation
 from gatekeeper.policy.patching import MERGE_PATCH
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import decide_offline
+from gatekeeper.testing.harness import decide_offline
 
 RECORDINGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "recordings"
 POLICY = load_policy(None)

@@ -12,7 +12,7 @@ import pytest
 from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import decide_offline, planned_fetch
+from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")

@@ -12,7 +12,7 @@ from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
 from gatekeeper.policy.model import Field
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import decide_offline, planned_fetch
+from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 HEAD = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"
 SLICE = """\

@@ -10,7 +10,8 @@ from gatekeeper.policy import Decision, Engine, load_policy
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import GPU, NIC, NODE, resource_slice
+from gatekeeper.testing import resource_slice
+from gatekeeper.testing.harness import GPU, NIC, NODE
 from gatekeeper.types import Identity
 
 ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU, NIC})), NODE)
@@ -58,7 +59,9 @@ def test_requests_settled_on_their_own_need_no_plan() -> None:
 @pytest.mark.parametrize("media_type", [STRATEGIC_MERGE, APPLY])
 def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
     patch = {"metadata": {"labels": {"a": "b"}}}
-    preview = plan("PATCH", SLICE, media_type).preview(patch, stored())
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews
+    preview = planned.preview(patch, stored())
     assert preview is not None
     assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
     assert preview.media_type == media_type
@@ -82,7 +85,9 @@ def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
 def test_no_preview_where_none_is_needed_or_allowed(
     media_type: str, patch: Any, current: Any
 ) -> None:
-    assert plan("PATCH", SLICE, media_type).preview(patch, current) is None
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews is (media_type == STRATEGIC_MERGE)
+    assert planned.preview(patch, current) is None
 
 
 def test_a_preview_carries_the_upstreams_answer() -> None:
@@ -93,3 +98,9 @@ def test_a_preview_carries_the_upstreams_answer() -> None:
     decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(), conflict)
     assert (decision.allowed, decision.code, decision.forwards) == (True, 409, False)
     assert decision.response == {"kind": "Status", "code": 409}
+
+
+def test_a_rejected_preview_of_another_drivers_object_is_still_refused() -> None:
+    conflict = Preview(parse_request("PATCH", SLICE), {}, STRATEGIC_MERGE).answered(409, {})
+    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(NIC), conflict)
+    assert (decision.allowed, decision.code) == (False, 403)

@@ -16,7 +16,7 @@ from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH
 from gatekeeper.policy.plan import Plan
 from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import decide_offline, planned_fetch
+from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")
