@@ -19,7 +19,10 @@ def _throughput(report: dict[str, Any]) -> list[str]:
     for workload, by_c in report["throughput"].items():
         first = next(iter(by_c.values()))
         targets = [t for t in _ORDER if t in first] + [t for t in first if t not in _ORDER]
-        lines.append(f"\n#### {workload}: req/s, p50 / p99 ms (median of runs)\n")
+        lines.append(
+            f"\n#### {workload}: req/s (p50 / p99 ms; CPU µs per request of the serving process),"
+            " median of runs\n"
+        )
         lines.append(
             "| c | " + " | ".join(targets) + " | gk/direct | gk/nginx | gk/naive |"
             " gk p50 - direct p50 |"
@@ -30,8 +33,9 @@ def _throughput(report: dict[str, Any]) -> list[str]:
             for t in targets:
                 cell = row[t]
                 bad = f" ⚠{cell['errors']} errors {cell['statuses']}" if cell["errors"] else ""
+                cpu = f"; {cell['cpu_us']:.0f} µs" if cell.get("cpu_us") else ""
                 cells.append(
-                    f"{cell['rps']:,.0f} ({cell['p50_ms']:.2f} / {cell['p99_ms']:.2f})" + bad
+                    f"{cell['rps']:,.0f} ({cell['p50_ms']:.2f} / {cell['p99_ms']:.2f}{cpu})" + bad
                 )
             gk = row.get("gatekeeper", {"rps": 0, "p50_ms": 0})
             direct = row.get("direct", {"rps": 0, "p50_ms": 0})

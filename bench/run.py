@@ -96,6 +96,9 @@ class Cell:
     rps: float
     p50_ms: float
     p99_ms: float
+    cpu_us: float
+    """CPU time of the serving process per request (user + system, µs): steady under load
+    from other processes, unlike req/s."""
     errors: int
     statuses: dict[str, int]
     runs: list[float] = field(default_factory=list)
@@ -126,7 +129,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _cell(results: list[LoadResult]) -> Cell:
+def _cell(results: list[LoadResult], cpu: list[float]) -> Cell:
     statuses: dict[str, int] = {}
     for result in results:
         for code, count in result.statuses.items():
@@ -135,6 +138,9 @@ def _cell(results: list[LoadResult]) -> Cell:
         rps=statistics.median(r.rps for r in results),
         p50_ms=statistics.median(r.percentile(0.5) for r in results),
         p99_ms=statistics.median(r.percentile(0.99) for r in results),
+        cpu_us=statistics.median(
+            c / r.requests * 1e6 if r.requests else 0.0 for r, c in zip(results, cpu, strict=True)
+        ),
         errors=sum(r.errors for r in results),
         statuses=statuses,
         runs=[round(r.rps, 1) for r in results],
@@ -153,9 +159,11 @@ def throughput(stack: Stack, profile: Profile, log: Any) -> dict[str, dict[str, 
             table[key] = {}
             for concurrency in profile.concurrency:
                 runs: dict[str, list[LoadResult]] = {n: [] for n in names}
+                cpu: dict[str, list[float]] = {n: [] for n in names}
                 for rep in range(profile.reps):
                     order = names[rep % len(names) :] + names[: rep % len(names)]
                     for name in order:
+                        before = stack.cpu_seconds(name)
                         runs[name].append(
                             run_load(
                                 pool,
@@ -166,11 +174,13 @@ def throughput(stack: Stack, profile: Profile, log: Any) -> dict[str, dict[str, 
                                 settle=profile.settle,
                             )
                         )
-                table[key][f"c={concurrency}"] = {n: _cell(r) for n, r in runs.items()}
+                        cpu[name].append(stack.cpu_seconds(name) - before)
+                table[key][f"c={concurrency}"] = {n: _cell(r, cpu[n]) for n, r in runs.items()}
                 log(
                     f"  {workload.name} c={concurrency}: "
                     + ", ".join(
-                        f"{n} {c.rps:,.0f}/s" for n, c in table[key][f"c={concurrency}"].items()
+                        f"{n} {c.rps:,.0f}/s {c.cpu_us:.0f}µs"
+                        for n, c in table[key][f"c={concurrency}"].items()
                     )
                 )
     finally:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +31,8 @@ from bench.fixtures import (
 )
 from bench.loadgen import Target
 from bench.nginx import find_nginx, start_fixed_upstream, start_reverse_proxy
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 __all__ = ["Gatekeeper", "Stack", "checkout", "start_gatekeeper", "start_python_upstream"]
 
@@ -54,6 +57,8 @@ class Stack:
     targets: dict[str, Target] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    serving: dict[str, str] = field(default_factory=dict)
+    """target → the process (in ``procs``) that serves it, whose CPU time is measured."""
     _exit: ExitStack = field(default_factory=ExitStack)
 
     @classmethod
@@ -78,6 +83,7 @@ class Stack:
         gk = start_gatekeeper(self, "gatekeeper", self.upstream_url, port)
         self.targets["gatekeeper"] = self.client_target("gatekeeper", gk.port)
         self.targets["gatekeeper-unix"] = Target("gatekeeper-unix", path=gk.socket)
+        self.serving["gatekeeper"] = self.serving["gatekeeper-unix"] = "gatekeeper"
         if audit:
             gk = start_gatekeeper(
                 self,
@@ -87,12 +93,14 @@ class Stack:
                 audit_log=self.workdir / "audit.log",
             )
             self.targets["gatekeeper-audit"] = self.client_target("gatekeeper-audit", gk.port)
+            self.serving["gatekeeper-audit"] = "gatekeeper-audit"
         for ref in compare:
             name = f"gatekeeper@{ref}"
             gk = start_gatekeeper(
                 self, name, self.upstream_url, free_port(), source=checkout(self, ref)
             )
             self.targets[name] = self.client_target(name, gk.port)
+            self.serving[name] = name
         if nginx:
             port = free_port()
             upstream_port = int(self.upstream_url.rsplit(":", 1)[1])
@@ -104,6 +112,7 @@ class Stack:
             )
             wait_ready(self.procs["nginx-proxy"], port=port, what="nginx proxy")
             self.targets["nginx"] = self.client_target("nginx", port)
+            self.serving["nginx"] = "nginx-proxy"
         else:
             self.skipped["nginx"] = "nginx is not installed"
         port = free_port()
@@ -134,6 +143,7 @@ class Stack:
         )
         wait_ready(self.procs["naive"], port=port, what="naive proxy", log=log)
         self.targets["naive"] = self.client_target("naive", port)
+        self.serving["naive"] = "naive"
 
     def _start_upstream(self, nginx: str | None) -> None:
         port = free_port()
@@ -150,9 +160,29 @@ class Stack:
             self.upstream_kind = "bench.upstream_app: aiohttp fixed answers (HTTPS, 1 process)"
         wait_ready(self.procs["upstream"], port=port, what="upstream")
         self.upstream_url = f"https://127.0.0.1:{port}"
+        self.serving["direct"] = "upstream"
         self.targets["direct"] = Target(
             "direct", port=port, ca=self.pki.ca, headers=(("Authorization", f"Bearer {TOKEN}"),)
         )
+
+    def cpu_seconds(self, target: str) -> float:
+        """User + system CPU seconds of the process serving ``target`` and its children
+        (nginx's worker); 0 when unknown."""
+        proc = self.procs.get(self.serving.get(target, ""))
+        if proc is None:
+            return 0.0
+        pids = [proc.pid]
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        if children.exists():
+            pids += [int(p) for p in children.read_text().split()]
+        total = 0.0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / _TICKS
+        return total
 
     def close(self) -> None:
         for proc in reversed(list(self.procs.values())):
