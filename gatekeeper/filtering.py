@@ -14,10 +14,10 @@ what the scope needs, so it is never passed on unfiltered.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from gatekeeper import jsoncodec
 from gatekeeper.errors import UpstreamError
 from gatekeeper.policy.claims import OUT_OF_SCOPE
 from gatekeeper.policy.decision import Decision, not_found
@@ -140,7 +140,7 @@ async def _watch(body: AsyncIterator[bytes], state: WatchFilter) -> AsyncIterato
     try:
         async for line in _lines(body, MAX_WATCH_LINE):
             try:
-                event = json.loads(line)
+                event = jsoncodec.loads(line)
             except ValueError:
                 yield _error_event("the gatekeeper could not read an upstream watch event")
                 return
@@ -203,7 +203,7 @@ def _error_event(message: str) -> bytes:
 
 
 def _dump(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return jsoncodec.dumps(obj)
 
 
 async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:

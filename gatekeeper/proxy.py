@@ -6,7 +6,6 @@ is a :class:`~gatekeeper.flow.Flow`, and the audit event is built from it in ``f
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gatekeeper import jsoncodec
 from gatekeeper.audit import (
     STAGE_STARTED,
     AuditLevel,
@@ -49,6 +49,7 @@ log = logging.getLogger("gatekeeper.proxy")
 
 _BODY_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 _MAX_CAPTURED_ERROR = 64 * 1024
+_JSON = "application/json"
 
 
 @dataclass(slots=True)
@@ -161,7 +162,7 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
     decision = flow.decision
     assert decision is not None and decision.target is not None
     target = decision.target
-    payload = None if decision.body is None else json.dumps(decision.body).encode()
+    payload = None if decision.body is None else jsoncodec.dumps(decision.body)
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
@@ -269,11 +270,13 @@ def _answer(flow: Flow, answer: Decision) -> web.Response:
         body = status_body(answer.code, answer.message, details=extra or None)
     flow.response_object = body
     flow.finish(answer.code, answer.message)
-    return web.json_response(body, status=answer.code, headers=headers)
+    return web.Response(
+        body=jsoncodec.dumps(body), status=answer.code, headers=headers, content_type=_JSON
+    )
 
 
 def _message_of(payload: bytes) -> str:
     try:
-        return str(json.loads(payload).get("message", ""))
+        return str(jsoncodec.loads(payload).get("message", ""))
     except (ValueError, AttributeError):
         return ""

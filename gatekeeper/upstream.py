@@ -9,7 +9,6 @@ being written) stays what it is.
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from gatekeeper import jsoncodec
 from gatekeeper.errors import UpstreamError
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context
 from gatekeeper.types import KubeObject
@@ -169,7 +169,7 @@ class UpstreamSession:
         payload = None
         if body is not None:
             headers["Content-Type"] = media_type
-            payload = json.dumps(body).encode()
+            payload = jsoncodec.dumps(body)
         async with self.stream(method, target, headers, payload, long_running=False) as response:
             obj = await read_json_object(response.chunks(), target, limit=MAX_OBJECT_BYTES)
         return response.status, obj
@@ -225,7 +225,7 @@ async def read_json_object(
         if len(data) > limit:
             raise UpstreamError(502, f"the upstream {what} exceeds {limit} bytes{too_large}")
     try:
-        obj = json.loads(data)
+        obj = jsoncodec.loads(data)
     except ValueError as exc:
         raise UpstreamError(502, f"upstream sent invalid JSON for {what}") from exc
     if not isinstance(obj, dict):

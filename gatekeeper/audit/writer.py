@@ -18,6 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from gatekeeper.audit.rotation import MEGABYTE, RotatingFile
 
 __all__ = ["AuditSink", "JsonLinesWriter", "NullSink", "WriterStats"]
@@ -236,6 +238,10 @@ class JsonLinesWriter:
 
 
 def _encode(event: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(event, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # orjson.JSONEncodeError (a >64-bit integer): the standard library
+        pass
     try:
         text = json.dumps(event, separators=(",", ":"), default=str)
     except (TypeError, ValueError) as exc:
