@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from bench.fixtures import (
@@ -224,6 +226,36 @@ def start_python_upstream(
     return proc
 
 
+# The benchmark drives one driver far past what a real driver does (64 connections, 1,000
+# watches): where `serve` has per-driver budgets (issue 10), they are raised for the run.
+_LIMIT_FLAGS = {
+    "--max-requests-per-driver": "4096",
+    "--max-watches-per-driver": "4096",
+    "--max-connections-per-driver": "8192",
+    "--max-connections": "8192",
+    "--upstream-watch-connections": "4096",
+}
+
+
+@lru_cache(maxsize=8)
+def _limit_flags(source: str) -> tuple[str, ...]:
+    """The budget flags this gatekeeper's ``serve`` knows, with the benchmark's values."""
+    env = {**os.environ, "PYTHONPATH": source}
+    text = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "serve", "--help"],
+        cwd=source,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    flags: list[str] = []
+    for flag, value in _LIMIT_FLAGS.items():
+        if flag in text:
+            flags += [flag, value]
+    return tuple(flags)
+
+
 def checkout(stack: Stack, ref: str) -> Path:
     """``gatekeeper/`` as of git ``ref``, unpacked in the run's directory (for ``--compare``)."""
     out = stack.workdir / f"ref-{ref.replace('/', '_')}"
@@ -272,6 +304,7 @@ def start_gatekeeper(
     ]
     if audit_log is not None:
         args += ["--audit-log", str(audit_log)]
+    args += _limit_flags(str(source or ROOT))
     log = work / "serve.log"
     env = {"PYTHONPATH": str(source)} if source is not None else None
     proc = stack.add(name, python_process(args, log, env))
