@@ -4,16 +4,20 @@
         --client-ca F | --socket PATH)
 
 Same listener shape as the gatekeeper (mTLS or a Unix socket), same upstream session shape
-(one keep-alive pool, node token added), the answer streamed back as it arrives.
+(one keep-alive pool, node token added), the answer streamed back as it arrives, and the same
+event loop (uvloop when the gatekeeper would use it; ``--asyncio`` for asyncio's own).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ssl
 
 import aiohttp
 from aiohttp import web
+
+from gatekeeper.runtime import loop_factory
 
 __all__ = ["main"]
 
@@ -67,10 +71,15 @@ def main() -> None:
     parser.add_argument("--key")
     parser.add_argument("--client-ca")
     parser.add_argument("--socket")
+    parser.add_argument("--asyncio", action="store_true", help="asyncio's loop, not uvloop")
     args = parser.parse_args()
+    factory = None if args.asyncio else loop_factory()
+    loop = factory() if factory is not None else asyncio.new_event_loop()
     app = build_app(args.upstream, args.ca, args.token)
     if args.socket:
-        web.run_app(app, path=args.socket, access_log=None, print=None, shutdown_timeout=1)
+        web.run_app(
+            app, path=args.socket, access_log=None, print=None, shutdown_timeout=1, loop=loop
+        )
         return
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.client_ca)
     context.load_cert_chain(args.cert, args.key)
@@ -84,6 +93,7 @@ def main() -> None:
         print=None,
         backlog=2048,
         shutdown_timeout=1,
+        loop=loop,
     )
 
 
