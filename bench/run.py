@@ -149,8 +149,8 @@ def _cell(results: list[LoadResult], cpu: list[float]) -> Cell:
 
 def throughput(stack: Stack, profile: Profile, log: Any) -> dict[str, dict[str, dict[str, Cell]]]:
     """workload → "c=N" → target → Cell; targets interleaved, order rotated each repetition."""
-    wanted = profile.targets + tuple(f"gatekeeper@{ref}" for ref in profile.compare)
-    names = [n for n in (wanted or stack.targets) if n in stack.targets]
+    names = [n for n in (profile.targets or stack.targets) if n in stack.targets]
+    names += [f"gatekeeper@{ref}" for ref in profile.compare if f"gatekeeper@{ref}" not in names]
     table: dict[str, dict[str, dict[str, Cell]]] = {}
     pool = generator_pool(os.cpu_count() or 1)
     try:
