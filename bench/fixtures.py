@@ -132,13 +132,17 @@ def free_port() -> int:
 
 
 def python_process(
-    args: list[str], log: Path, env: dict[str, str] | None = None
+    args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.Popen:
-    """``python ARGS`` from the repository root, output to ``log``."""
+    """``python ARGS`` in ``cwd`` (the repository root), output to ``log``.
+
+    ``python -m`` puts ``cwd`` first on ``sys.path``: code from elsewhere (``--compare``) must
+    run in its own directory, or this repository's package shadows it.
+    """
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=full_env
+            [sys.executable, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=full_env
         )
 
 

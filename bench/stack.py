@@ -257,7 +257,10 @@ def _limit_flags(source: str) -> tuple[str, ...]:
 
 
 def checkout(stack: Stack, ref: str) -> Path:
-    """``gatekeeper/`` as of git ``ref``, unpacked in the run's directory (for ``--compare``)."""
+    """``gatekeeper/`` as of git ``ref``, unpacked in the run's directory (for ``--compare``);
+    a directory holding a ``gatekeeper/`` package is used as it is (a variant being tried)."""
+    if (Path(ref) / "gatekeeper" / "__init__.py").exists():
+        return Path(ref).resolve()
     out = stack.workdir / f"ref-{ref.replace('/', '_')}"
     out.mkdir()
     archive = subprocess.run(
@@ -307,7 +310,7 @@ def start_gatekeeper(
     args += _limit_flags(str(source or ROOT))
     log = work / "serve.log"
     env = {"PYTHONPATH": str(source)} if source is not None else None
-    proc = stack.add(name, python_process(args, log, env))
+    proc = stack.add(name, python_process(args, log, env, cwd=source or ROOT))
     socket = str(sockets / DRIVER / "api.sock")
     wait_ready(proc, port=port, what=name, log=log)
     wait_ready(proc, path=socket, what=name, log=log)

@@ -34,7 +34,7 @@ __all__ = ["build_app", "main"]
 
 _JSON = "application/json"
 _WATCHES = web.AppKey("watches", set)
-_BIG_SLICE = 2300  # bytes per slice in a list, roughly
+_BIG_SLICE = 1930  # bytes per slice in a list, roughly
 
 
 def build_app(list_count: int, big_file: Path | None) -> web.Application:
