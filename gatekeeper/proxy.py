@@ -26,7 +26,13 @@ from gatekeeper.audit import (
 from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
+from gatekeeper.filtering import (
+    DROPPED_ANNOTATION,
+    PLAIN_JSON,
+    WatchFilter,
+    prime_watch,
+    scoped_chunks,
+)
 from gatekeeper.flow import Flow
 from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
 from gatekeeper.identity import identify
@@ -156,6 +162,8 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         headers["Accept"] = PLAIN_JSON
         if flow.long_running:
             watch_state = await prime_watch(upstream, target, decision.filter)
+        else:
+            watch_state = WatchFilter(decision.filter)
     response: web.StreamResponse | None = None
     try:
         async with upstream.request(
@@ -209,6 +217,9 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         if request.transport is not None:
             request.transport.close()
         return response
+    finally:
+        if watch_state is not None and watch_state.dropped:
+            flow.annotations[DROPPED_ANNOTATION] = watch_state.annotation()
     flow.response_object = capture.result()
     flow.finish(upstream_response.status)
     return response

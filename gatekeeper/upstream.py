@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from gatekeeper.errors import UpstreamError
+from gatekeeper.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context
 from gatekeeper.types import KubeObject
 
@@ -126,11 +127,20 @@ class Upstream:
 
 
 async def read_json_object(
-    content: aiohttp.StreamReader, what: str, *, limit: int, too_large: str = ""
+    content: aiohttp.StreamReader,
+    what: str,
+    *,
+    limit: int,
+    too_large: str = "",
+    max_depth: int | None = MAX_OBJECT_DEPTH,
 ) -> KubeObject:
     """An upstream JSON object read incrementally, never past ``limit`` bytes; else 502.
 
     ``too_large`` is appended to the message when the limit is hit (what the client can do).
+    Any depth is parsed without a crash; past ``max_depth`` the object is a 502 (the
+    gatekeeper does not evaluate what it cannot copy and compare). With ``max_depth`` None,
+    subtrees past :data:`MAX_OBJECT_DEPTH` come back as ``jsonbounds.TOO_DEEP`` and the caller
+    judges each object.
     """
     data = bytearray()
     async for chunk in content.iter_any():
@@ -138,11 +148,17 @@ async def read_json_object(
         if len(data) > limit:
             raise UpstreamError(502, f"the upstream {what} exceeds {limit} bytes{too_large}")
     try:
-        obj = json.loads(data)
+        obj = parse_bounded(data, limit=MAX_OBJECT_DEPTH)
     except ValueError as exc:
         raise UpstreamError(502, f"upstream sent invalid JSON for {what}") from exc
     if not isinstance(obj, dict):
         raise UpstreamError(502, f"upstream sent a non-object for {what}")
+    if max_depth is not None and not within_depth(obj, max_depth):
+        raise UpstreamError(
+            502,
+            f"the upstream object for {what} is nested more than {max_depth} levels deep: "
+            "the gatekeeper does not evaluate it",
+        )
     return obj
 
 
