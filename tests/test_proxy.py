@@ -23,7 +23,7 @@ def slice_body(
     name: str | None = "node-a-gpu-0",
     driver: str = GPU,
     node: str = NODE,
-    pool: str = "node-a-gpus",
+    pool: str = "node-a/gpus",
 ) -> dict[str, Any]:
     return resource_slice(name, driver=driver, node=node, pool=pool)
 

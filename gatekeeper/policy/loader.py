@@ -16,6 +16,8 @@ from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
     ANY_DRIVER,
+    POOL_SEPARATORS,
+    STRICT_POOL_SEPARATORS,
     AllocationPaths,
     Field,
     KindRule,
@@ -46,6 +48,7 @@ _KIND_KEYS = {
     "subresources",
     "listSelector",
     "fill",
+    "poolSeparators",
 }
 _VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors"}
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
@@ -57,7 +60,7 @@ ALLOCATION_KEYS = {
     "devices": "devices",
     "deviceDriver": "device_driver",
 }
-_NODE_LOCAL_ONLY = ("listSelector", "fill")
+_NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
 
@@ -201,10 +204,12 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
     versions_raw = kind["versions"]
     if not isinstance(versions_raw, dict) or not versions_raw:
         ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
-    parse_version = _parse_allocation_version if allocated else _parse_version
+    separators = _pool_separators(ctx, _join(key, "poolSeparators"), kind)
     versions = {
-        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): parse_version(
-            ctx, _join(key, f"versions.{name}"), spec
+        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): (
+            _parse_allocation_version(ctx, _join(key, f"versions.{name}"), spec)
+            if allocated
+            else _parse_version(ctx, _join(key, f"versions.{name}"), spec, separators)
         )
         for name, spec in versions_raw.items()
     }
@@ -225,7 +230,23 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
             ctx, ListSelectorMode, kind.get("listSelector", "Require"), _join(key, "listSelector")
         ),
         fill=fill,
+        pool_separators=separators,
     )
+
+
+def _pool_separators(ctx: _Context, key: str, kind: Mapping[str, Any]) -> tuple[str, ...]:
+    """``poolSeparators``: what may follow the node name in a pool name (default ``["/"]``)."""
+    if "poolSeparators" not in kind:
+        return STRICT_POOL_SEPARATORS
+    raw = ctx.string_list(kind["poolSeparators"], key)
+    if not raw:
+        ctx.fail(key, "must list at least one separator (the pool may always equal the node)")
+    for value in raw:
+        if value not in POOL_SEPARATORS:
+            ctx.fail(key, f"{value!r} is not one of {', '.join(POOL_SEPARATORS)}")
+    if len(set(raw)) != len(raw):
+        ctx.fail(key, "lists a separator twice")
+    return tuple(raw)
 
 
 def _check_allocated(
@@ -266,7 +287,9 @@ def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
     return VersionSpec(paths={}, selectors={}, allocation=AllocationPaths(**paths))
 
 
-def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+def _parse_version(
+    ctx: _Context, key: str, raw: Any, separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+) -> VersionSpec:
     spec = ctx.mapping(raw, key, _VERSION_KEYS)
     paths: dict[Field, FieldPath] = {}
     for fld in Field:
@@ -275,7 +298,7 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
         elif fld is not Field.POOL:
             ctx.fail(_join(key, fld.value), "is required (the JSON path of the field)")
     selectors_raw = ctx.mapping(
-        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node"}
+        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node", "pool"}
     )
     selectors = {
         fld: ctx.string(
@@ -284,11 +307,22 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
         )
         for fld in (Field.DRIVER, Field.NODE)
     }
+    # The pool is pinned on deletecollection only where a field selector can name it: every
+    # kind selects on metadata.name; another path only if the policy names its selector.
+    pool_path = paths.get(Field.POOL)
+    if "pool" in selectors_raw:
+        if pool_path is None:
+            ctx.fail(_join(key, "fieldSelectors.pool"), "needs a pool path")
+        selectors[Field.POOL] = ctx.string(selectors_raw["pool"], _join(key, "fieldSelectors.pool"))
+    elif pool_path == ("metadata", "name"):
+        selectors[Field.POOL] = "metadata.name"
     forbidden = tuple(
         ctx.path(p, f"{_join(key, 'forbidden')}[{i}]")
         for i, p in enumerate(ctx.string_list(spec.get("forbidden", []), _join(key, "forbidden")))
     )
-    return VersionSpec(paths=paths, selectors=selectors, forbidden=forbidden)
+    return VersionSpec(
+        paths=paths, selectors=selectors, forbidden=forbidden, pool_separators=separators
+    )
 
 
 def _enum(ctx: _Context, enum_type: Any, value: Any, key: str) -> Any:

@@ -12,6 +12,8 @@ __all__ = [
     "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "POOL_SEPARATORS",
+    "STRICT_POOL_SEPARATORS",
     "AllocationPaths",
     "Field",
     "KindRule",
@@ -28,6 +30,11 @@ ALL_VERBS = frozenset(
 )
 ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
 """The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
+POOL_SEPARATORS = ("/", "-", ".")
+"""What a policy may let follow the node name in a pool name (``poolSeparators``)."""
+STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
+"""The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
+node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
 
 
 class Scope(enum.Enum):
@@ -100,6 +107,8 @@ class VersionSpec:
     """Paths that must be absent (or null/false) on a written object."""
     allocation: AllocationPaths | None = None
     """Paths of an AllocatedToDriver kind (None for NodeLocal)."""
+    pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+    """What may follow the node name in a pool name (the kind's ``poolSeparators``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +123,8 @@ class KindSpec:
     subresources: frozenset[str] = frozenset()
     list_selector: ListSelectorMode = ListSelectorMode.REQUIRE
     fill: frozenset[Field] = frozenset()
+    pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+    """What may follow the node name in a pool name; every version carries it too."""
 
     @property
     def qualified(self) -> str:
