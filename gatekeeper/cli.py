@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from gatekeeper.audit import JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
+from gatekeeper.listeners import resolve_group
 from gatekeeper.server import GatekeeperServer
 from gatekeeper.upstream import Upstream
 
@@ -46,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--upstream", help="override the API server URL from the kubeconfig")
     serve.add_argument("--socket-dir", help="listen on DIR/<driver>/api.sock for each driver")
+    serve.add_argument(
+        "--socket-group",
+        help="group (name or gid) owning the driver sockets and their directories (mode 0660), "
+        "so a non-root driver container in that group can connect",
+    )
     serve.add_argument("--listen", help="HOST:PORT for the mTLS listener (driver = client cert CN)")
     serve.add_argument("--tls-cert-file")
     serve.add_argument("--tls-key-file")
@@ -150,6 +156,7 @@ def _serve(ns: argparse.Namespace) -> int:
         listen=config.listen,
         listen_ssl=config.listen_ssl,
         health_listen=config.health_listen,
+        socket_group=resolve_group(ns.socket_group),
     )
     log.info(
         "starting node=%s drivers=%s upstream=%s",

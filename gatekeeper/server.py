@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gatekeeper.audit import AuditLevel, AuditSink, NullSink
+from gatekeeper.listeners import SOCKET_NAME, SocketListeners
 from gatekeeper.policy import Engine, Policy
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.upstream import Upstream
@@ -19,7 +19,6 @@ __all__ = ["SOCKET_NAME", "GatekeeperServer", "socket_path"]
 
 log = logging.getLogger("gatekeeper.server")
 
-SOCKET_NAME = "api.sock"
 # Many drivers reconnecting at once (a node reboot) overflow the default backlog of 128.
 _BACKLOG = 1024
 
@@ -45,6 +44,7 @@ class GatekeeperServer:
         listen: tuple[str, int] | None = None,
         listen_ssl: ssl.SSLContext | None = None,
         health_listen: tuple[str, int] | None = None,
+        socket_group: int | None = None,
     ) -> None:
         self.upstream = upstream
         self.audit = audit or NullSink()
@@ -55,6 +55,9 @@ class GatekeeperServer:
             audit_level=audit_level,
         )
         self._socket_dir = socket_dir
+        self._sockets = (
+            SocketListeners(socket_dir, group=socket_group) if socket_dir is not None else None
+        )
         self._listen = listen
         self._listen_ssl = listen_ssl
         self._health_listen = health_listen
@@ -64,6 +67,8 @@ class GatekeeperServer:
         self.ready = False
 
     async def start(self) -> None:
+        if self._sockets is not None:
+            self._sockets.acquire()  # a second instance on the directory stops here (exit 2)
         await self.upstream.start()
         runner = web.AppRunner(
             build_app(self.gatekeeper), handler_cancellation=True, access_log=None
@@ -88,23 +93,16 @@ class GatekeeperServer:
             await runner.cleanup()
         self._runners.clear()
         await self.upstream.close()
-        if self._socket_dir is not None:
-            for path in self.gatekeeper.socket_drivers:
-                Path(path).unlink(missing_ok=True)
+        if self._sockets is not None:
+            self._sockets.close()  # only our own socket files, then the directory lock
         await self.audit.aclose()
 
     async def _start_sockets(self, runner: web.AppRunner, socket_dir: Path) -> None:
-        drivers = sorted(self.gatekeeper.engine.policy.drivers)
-        for driver in drivers:
-            path = socket_path(socket_dir, driver)
-            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-            site = web.UnixSite(runner, str(path), backlog=_BACKLOG)
-            await site.start()
-            os.chmod(path, 0o660)
+        assert self._sockets is not None
+        for bound in self._sockets.bind(sorted(self.gatekeeper.engine.policy.drivers)):
+            await web.SockSite(runner, bound.sock, backlog=_BACKLOG).start()
             # The accepted socket reports the listening path as its sockname: that is the identity.
-            self.gatekeeper.socket_drivers[str(path)] = driver
-            log.info("listening driver=%s socket=%s", driver, path)
+            self.gatekeeper.socket_drivers[bound.path] = bound.driver
 
     async def _start_health(self, host: str, port: int) -> None:
         app = web.Application()
