@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import ssl
 import tempfile
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from hypothesis import HealthCheck, settings
 
 from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.kubeconfig import UpstreamConfig
@@ -22,6 +24,16 @@ from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.upstream import Upstream
+
+# Property tests: "ci" is bounded to a few seconds; GATEKEEPER_HYPOTHESIS_PROFILE=long (or
+# pytest --hypothesis-profile=long) runs far more examples (README, "Property tests").
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("GATEKEEPER_HYPOTHESIS_PROFILE", "ci"))
 
 NODE = "node-a"
 GPU = "gpu.example.com"
