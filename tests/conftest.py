@@ -41,6 +41,25 @@ NIC = "nic.example.com"
 NODE_TOKEN = "node-a-upstream-token"
 
 
+class MemorySink:
+    """An audit sink that keeps every event in memory (tests read ``events``)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    def by_id(self, audit_id: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["auditID"] == audit_id]
+
+
 @dataclass(frozen=True)
 class PKI:
     """Throwaway certificates generated for this test session (never committed)."""

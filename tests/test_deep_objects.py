@@ -19,7 +19,7 @@ from gatekeeper.filtering import DROPPED_ANNOTATION
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy
 from gatekeeper.upstream import Upstream
-from tests.conftest import GPU, NODE, NODE_TOKEN, PKI, running_gatekeeper
+from tests.conftest import GPU, NODE, NODE_TOKEN, PKI, MemorySink, running_gatekeeper
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -47,20 +47,6 @@ def _claim(name: str, *, deep: bool = False) -> str:
         obj["spec"]["devices"]["config"] = [{"opaque": {"driver": GPU, "parameters": _HOLE}}]
     text = json.dumps(obj, separators=(",", ":"))
     return text.replace(f'"{_HOLE}"', '{"a":' * DEPTH + "1" + "}" * DEPTH)
-
-
-class MemorySink:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    async def emit(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
 
 class DeepUpstream:
