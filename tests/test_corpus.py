@@ -74,6 +74,11 @@ def _request_bytes(entry: dict[str, Any]) -> bytes:
     return build_request(entry["method"], entry["target"], headers, body)
 
 
+def _audit_id(headers: dict[str, str]) -> str:
+    """The Audit-ID the gatekeeper forwarded (header names as received, any case)."""
+    return next((v for k, v in headers.items() if k.lower() == "audit-id"), "")
+
+
 @pytest.fixture
 async def stack(
     apiserver: APIServer, policy: Policy, pki: PKI
@@ -117,7 +122,7 @@ async def test_corpus_entry_is_refused_and_never_reaches_the_apiserver(
         assert all(e.method == "GET" for e in new), [(e.method, e.path) for e in new]
     else:
         assert len(new) == allowed, [(e.method, e.path) for e in new]
-    forwarded_ids = {e.headers.get("Audit-Id") for e in new}
+    forwarded_ids = {_audit_id(e.headers) for e in new}
     assert not forwarded_ids & set(refused_ids)
 
 
