@@ -3,6 +3,7 @@ case-colliding keys (DESIGN §4.4); apply-patch YAML read by :mod:`gatekeeper.ya
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,14 @@ from gatekeeper.errors import Refusal
 from gatekeeper.jsonbounds import MAX_BODY_DEPTH, finite_float, within_depth
 from gatekeeper.yamlbody import YAMLBodyError, load_json_yaml
 
-__all__ = ["MAX_BODY_BYTES", "MAX_BODY_DEPTH", "decode_body", "decode_json", "read_limited"]
+__all__ = [
+    "BODY_TIMEOUT",
+    "MAX_BODY_BYTES",
+    "MAX_BODY_DEPTH",
+    "decode_body",
+    "decode_json",
+    "read_limited",
+]
 
 JSON = "application/json"
 APPLY_YAML = "application/apply-patch+yaml"
@@ -27,19 +35,34 @@ _JSON_TYPES = frozenset(
 )
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+BODY_TIMEOUT = 30.0
+"""Seconds to receive a whole request body (``Limits.body_timeout``)."""
 
 
-async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
-    """Read a body chunk by chunk; 413 as soon as it passes ``limit`` (never buffered past it)."""
+async def read_limited(
+    chunks: AsyncIterator[bytes],
+    limit: int = MAX_BODY_BYTES,
+    timeout: float | None = BODY_TIMEOUT,
+) -> bytes:
+    """Read a body chunk by chunk; 413 as soon as it passes ``limit`` (never buffered past it),
+    408 when it has not all arrived within ``timeout`` seconds (a slow sender holds nothing)."""
     buffer = bytearray()
-    async for chunk in chunks:
-        buffer += chunk
-        if len(buffer) > limit:
-            raise Refusal(
-                413,
-                f"request body is larger than {limit} bytes",
-                f"Request entity too large: limit is {limit}",
-            )
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in chunks:
+                buffer += chunk
+                if len(buffer) > limit:
+                    raise Refusal(
+                        413,
+                        f"request body is larger than {limit} bytes",
+                        f"Request entity too large: limit is {limit}",
+                    )
+    except TimeoutError:
+        raise Refusal(
+            408,
+            "request body not received in time",
+            f"the request body did not arrive within {timeout:g} seconds",
+        ) from None
     return bytes(buffer)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from aiohttp import web
 
 from gatekeeper.audit import AuditLevel, AuditSink, NullSink
+from gatekeeper.connections import GuardedRunner
+from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.listeners import SOCKET_NAME, SocketListeners
 from gatekeeper.policy import Engine, Policy
 from gatekeeper.proxy import Gatekeeper, build_app
@@ -45,7 +47,9 @@ class GatekeeperServer:
         listen_ssl: ssl.SSLContext | None = None,
         health_listen: tuple[str, int] | None = None,
         socket_group: int | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
+        self.limits = limits
         self.upstream = upstream
         self.audit = audit or NullSink()
         self.gatekeeper = Gatekeeper(
@@ -70,8 +74,8 @@ class GatekeeperServer:
         if self._sockets is not None:
             self._sockets.acquire()  # a second instance on the directory stops here (exit 2)
         await self.upstream.start()
-        runner = web.AppRunner(
-            build_app(self.gatekeeper), handler_cancellation=True, access_log=None
+        runner = GuardedRunner(
+            build_app(self.gatekeeper), self.limits, handler_cancellation=True, access_log=None
         )
         await runner.setup()
         self._runners.append(runner)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,13 +51,14 @@ async def send_raw_all(path: Path, data: bytes, *, timeout: float = 10.0) -> lis
     reader, writer = await asyncio.open_unix_connection(str(path))
     try:
         writer.write(data)
-        await writer.drain()
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            await writer.drain()
         chunks = []
         try:
             async with asyncio.timeout(timeout):
                 while chunk := await reader.read(65536):
                     chunks.append(chunk)
-        except TimeoutError:
+        except (TimeoutError, ConnectionResetError):
             pass
     finally:
         writer.close()

@@ -3,12 +3,14 @@ refused (400) before anything is built from them."""
 
 from __future__ import annotations
 
+import asyncio
 import resource
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from gatekeeper.body import MAX_BODY_DEPTH, decode_body
+from gatekeeper.body import MAX_BODY_DEPTH, decode_body, read_limited
 from gatekeeper.errors import Refusal
 
 APPLY = "application/apply-patch+yaml"
@@ -93,3 +95,24 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
     # Expanded, it is 387 million strings; refused from the events, it costs nothing measurable.
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
     assert len(BOMB) < 600
+
+
+async def test_a_body_that_trickles_past_the_timeout_is_408() -> None:
+    async def slow() -> AsyncIterator[bytes]:
+        yield b"{"
+        await asyncio.sleep(30)
+        yield b"}"
+
+    with pytest.raises(Refusal) as caught:
+        await read_limited(slow(), timeout=0.2)
+    assert caught.value.code == 408 and "did not arrive within 0.2 seconds" in caught.value.message
+
+
+async def test_a_body_past_the_limit_is_413() -> None:
+    async def big() -> AsyncIterator[bytes]:
+        for _ in range(10):
+            yield b"x" * 100
+
+    with pytest.raises(Refusal) as caught:
+        await read_limited(big(), limit=500)
+    assert caught.value.code == 413
