@@ -15,7 +15,9 @@ from gatekeeper.jsonbounds import MAX_BODY_DEPTH, finite_float, within_depth
 from gatekeeper.yamlbody import YAMLBodyError, load_json_yaml
 
 __all__ = [
+    "APPLY_YAML",
     "BODY_TIMEOUT",
+    "JSON",
     "MAX_BODY_BYTES",
     "MAX_BODY_DEPTH",
     "decode_body",

@@ -13,10 +13,10 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -24,12 +24,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.identity import client_cert_common_name
 from gatekeeper.names import is_driver_name
 
 __all__ = [
     "IssuedCert",
-    "client_cert_common_name",
+    "certificate_expiry",
     "create_ca",
+    "describe_certificate",
     "issue_client_cert",
     "issue_server_cert",
     "load_ca",
@@ -240,38 +242,56 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-# --- peer identity ---------------------------------------------------------------------------
-
-
-def client_cert_common_name(der_or_peercert: bytes | Mapping[str, Any] | None) -> str | None:
-    """The subject CN of a peer certificate, or None if there is not exactly one.
-
-    Accepts ``SSLObject.getpeercert()``'s dict, or DER bytes (``getpeercert(binary_form=True)``).
-    Several CNs are ambiguous (Go takes the last, others the first), so they yield None.
-    """
-    if not der_or_peercert:
-        return None
-    if isinstance(der_or_peercert, bytes | bytearray | memoryview):
-        return _cn_from_der(bytes(der_or_peercert))
-    subject = der_or_peercert.get("subject") or ()
-    names = [
-        value
-        for rdn in subject
-        for attr, value in rdn
-        if attr == "commonName" and isinstance(value, str)
-    ]
-    return names[0] if len(names) == 1 and names[0] else None
-
-
-def _cn_from_der(der: bytes) -> str | None:
+def _load_pem_file(path: str | Path) -> x509.Certificate:
+    data = _read(Path(path))
     try:
-        cert = x509.load_der_x509_certificate(der)
+        return x509.load_pem_x509_certificate(data)
     except ValueError:
-        return None
-    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if len(attrs) != 1 or not isinstance(attrs[0].value, str) or not attrs[0].value:
-        return None
-    return attrs[0].value
+        raise ConfigError(f"{path}: not a PEM certificate") from None
+
+
+def certificate_expiry(path: str | Path) -> datetime.datetime:
+    """When the (first) certificate in the PEM file ``path`` expires; ConfigError if unreadable."""
+    return _load_pem_file(path).not_valid_after_utc
+
+
+def describe_certificate(path: str | Path, *, now: datetime.datetime | None = None) -> str:
+    """``certs show``: the subject CN (the driver, for a client cert), role, issuer, validity."""
+    cert = _load_pem_file(path)
+    now = now or datetime.datetime.now(datetime.UTC)
+    cn = client_cert_common_name(cert.public_bytes(serialization.Encoding.DER)) or "-"
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usages = x509.ExtendedKeyUsage([])
+    if is_ca:
+        role = "CA"
+    elif ExtendedKeyUsageOID.CLIENT_AUTH in usages:
+        role = "client (driver)"
+    elif ExtendedKeyUsageOID.SERVER_AUTH in usages:
+        role = "server"
+    else:
+        role = "other"
+    expiry = cert.not_valid_after_utc
+    days = (expiry - now).total_seconds() / 86400
+    left = f"expires in {days:.0f} days" if days >= 0 else f"EXPIRED {-days:.0f} days ago"
+    lines = [
+        f"file:       {path}",
+        f"subject CN: {cn}" + (f"  (driver {cn})" if role == "client (driver)" else ""),
+        f"role:       {role}",
+        f"issuer:     {cert.issuer.rfc4514_string()}",
+        f"not before: {cert.not_valid_before_utc.isoformat()}",
+        f"not after:  {expiry.isoformat()}  ({left})",
+        f"serial:     {cert.serial_number:x}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- peer identity ---------------------------------------------------------------------------
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -299,6 +319,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="IP or DNS SAN, repeatable (default: 127.0.0.1 ::1 localhost)",
     )
+    show = sub.add_parser("show", help="print a certificate's driver (CN), role and expiry")
+    show.add_argument("file", type=Path, help="a PEM certificate")
     for p in (client, server):
         p.add_argument("--ca-dir", required=True, type=Path, help="directory with ca.crt, ca.key")
     for p in (ca, client, server):
@@ -312,6 +334,9 @@ def run_certs_command(args: Sequence[str]) -> int:
     """Run ``dra-gatekeeper certs ARGS``; 0 on success, 2 with one stderr line on bad input."""
     try:
         ns = _parser().parse_args(list(args))
+        if ns.action == "show":
+            sys.stdout.write(describe_certificate(ns.file))
+            return 0
         for path in _issue_from_args(ns):
             print(f"wrote {path}")
     except SystemExit as exc:  # --help

@@ -24,9 +24,9 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
 from gatekeeper.audit import build_event
-from gatekeeper.errors import Refusal
 from gatekeeper.flow import Flow
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
+from gatekeeper.policy import Decision
 from gatekeeper.proxy import GATEKEEPER, Gatekeeper
 from gatekeeper.status import status_body
 
@@ -180,10 +180,9 @@ class _GuardedHandler(RequestHandler):
             method=request.method, raw_target="", source_ips=(), user_agent="",
             node_name=self.guard.gatekeeper.node_name,
         )  # fmt: skip
-        flow.refusal = (
-            Refusal(status, f"malformed HTTP request: {reason}") if status < 500 else None
-        )
         text = f"malformed HTTP request: {reason}" if status < 500 else "internal error"
+        if status < 500:
+            flow.decision = Decision(False, text, status, text)
         flow.finish(status, text)
         body = status_body(status, text)
         gatekeeper = self.guard.gatekeeper

@@ -7,6 +7,7 @@ Connections are capped in :mod:`gatekeeper.connections`; the upstream pools in
 
 from __future__ import annotations
 
+import argparse
 import logging
 import resource
 from collections import Counter
@@ -16,7 +17,14 @@ from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ConfigError, Refusal
 
-__all__ = ["DEFAULT_LIMITS", "DriverBudgets", "Limits", "fit_to_descriptors"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DriverBudgets",
+    "Limits",
+    "add_limit_arguments",
+    "fit_to_descriptors",
+    "limits_from_flags",
+]
 
 log = logging.getLogger("gatekeeper.limits")
 
@@ -62,6 +70,37 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+# flag -> (Limits field, help); defaults come from Limits.
+_FLAGS = {
+    "--max-requests-per-driver": ("inflight_per_driver", "requests of one driver served at once"),
+    "--max-watches-per-driver": ("watches_per_driver", "open watches of one driver"),
+    "--max-connections-per-driver": ("connections_per_driver", "connections of one driver"),
+    "--max-connections": ("connections_total", "connections of all drivers"),
+    "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
+    "--body-timeout": ("body_timeout", "seconds to receive a request body (then 408)"),
+    "--keepalive-timeout": ("keepalive_timeout", "seconds an idle connection stays open"),
+    "--upstream-wait": ("upstream_wait", "seconds to wait for an upstream connection (then 503)"),
+    "--upstream-connections": ("upstream_requests", "upstream connections for requests"),
+    "--upstream-watch-connections": ("upstream_watches", "upstream connections for watches"),
+}
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` flags for every limit (README, "Limits")."""
+    for flag, (name, what) in _FLAGS.items():
+        default = getattr(DEFAULT_LIMITS, name)
+        parser.add_argument(
+            flag, type=type(default), default=default, metavar="N",
+            help=f"{what} (default {default})",
+        )  # fmt: skip
+
+
+def limits_from_flags(namespace: argparse.Namespace) -> Limits:
+    """The Limits the ``serve`` flags ask for (checked; not yet fitted to descriptors)."""
+    values = {name: getattr(namespace, flag[2:].replace("-", "_")) for flag, (name, _) in
+              _FLAGS.items()}  # fmt: skip
+    return replace(DEFAULT_LIMITS, **values).check()
 
 
 def fit_to_descriptors(limits: Limits, soft_limit: int | None = None) -> Limits:

@@ -91,7 +91,9 @@ class SocketListeners:
                 dir_fd=dir_fd,
             )  # fmt: skip
         except OSError as exc:
-            raise ConfigError(f"--socket-dir {self.socket_dir}: lock file: {exc.strerror}") from exc
+            raise ConfigError(
+                f"--socket-dir {self.socket_dir}: cannot create {LOCK_NAME}: {exc.strerror}"
+            ) from exc
         finally:
             os.close(dir_fd)
         try:
@@ -109,10 +111,13 @@ class SocketListeners:
         self._lock_fd = fd
 
     def bind(self, drivers: list[str]) -> list[DriverSocket]:
-        """Bind one socket per driver; a driver whose path cannot be used is skipped (logged)."""
+        """Bind one socket per driver not yet bound; returns those bound now. A driver whose
+        path cannot be used is skipped with a log line (and kept in :attr:`refused`)."""
         if self._lock_fd is None:
             self.acquire()
-        for driver in sorted(drivers):
+        have = {bound.driver for bound in self.sockets}
+        added: list[DriverSocket] = []
+        for driver in sorted(set(drivers) - have):
             if driver == ANY_DRIVER:
                 continue  # "*" has no directory: it only means any mTLS client of the CA
             try:
@@ -126,19 +131,22 @@ class SocketListeners:
                     skip,
                 )
                 continue
+            self.refused.pop(driver, None)
             self.sockets.append(bound)
-            log.info("listening driver=%s socket=%s", driver, bound.path)
-        return self.sockets
+            added.append(bound)
+            log.debug("bound driver=%s socket=%s", driver, bound.path)
+        return added
+
+    def release(self, driver: str) -> None:
+        """Close ``driver``'s socket and remove its file if it is still ours."""
+        for bound in [b for b in self.sockets if b.driver == driver]:
+            self.sockets.remove(bound)
+            _close(bound)
 
     def close(self) -> None:
         """Close every socket, remove those files that are still ours, release the lock."""
         for bound in self.sockets:
-            bound.sock.close()
-            with contextlib.suppress(OSError):
-                st = os.stat(SOCKET_NAME, dir_fd=bound.dir_fd, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) == bound.inode:
-                    os.unlink(SOCKET_NAME, dir_fd=bound.dir_fd)
-            os.close(bound.dir_fd)
+            _close(bound)
         self.sockets.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock; the file stays (no unlink race)
@@ -201,6 +209,15 @@ class SocketListeners:
             raise _Skip(f"{SOCKET_NAME} is a socket something else is listening on")
         os.unlink(SOCKET_NAME, dir_fd=dir_fd)  # unlink(2) removes the entry, never a target
         log.info("removed a stale socket %s in directory fd %d", SOCKET_NAME, dir_fd)
+
+
+def _close(bound: DriverSocket) -> None:
+    bound.sock.close()
+    with contextlib.suppress(OSError):
+        st = os.stat(SOCKET_NAME, dir_fd=bound.dir_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == bound.inode:
+            os.unlink(SOCKET_NAME, dir_fd=bound.dir_fd)
+    os.close(bound.dir_fd)
 
 
 class _Skip(Exception):

@@ -24,6 +24,7 @@ from gatekeeper.audit import (
     logs_bodies,
 )
 from gatekeeper.audit.capture import ResponseCapture
+from gatekeeper.audit.event import ERROR_ANNOTATION
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import (
@@ -33,16 +34,19 @@ from gatekeeper.filtering import (
     prime_watch,
     scoped_chunks,
 )
-from gatekeeper.flow import Flow
+from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
 from gatekeeper.identity import identify
-from gatekeeper.policy import Engine
+from gatekeeper.limits import DriverBudgets
+from gatekeeper.policy import Decision, Engine
+from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
-from gatekeeper.upstream import Upstream
+from gatekeeper.types import KubeObject
+from gatekeeper.upstream import Upstream, UpstreamResponse
 
-__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "handle"]
+__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
 
 log = logging.getLogger("gatekeeper.proxy")
 
@@ -59,6 +63,8 @@ class Gatekeeper:
     audit: AuditSink
     audit_level: AuditLevel = AuditLevel.METADATA
     socket_drivers: dict[str, str] = field(default_factory=dict)
+    budgets: DriverBudgets = field(default_factory=DriverBudgets)
+    """Per-driver in-flight and watch budgets (and the limits they come from)."""
 
     @property
     def node_name(self) -> str:
@@ -69,10 +75,19 @@ GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 
 
 def build_app(gatekeeper: Gatekeeper) -> web.Application:
-    app = web.Application(client_max_size=0)
+    app = web.Application(client_max_size=0, middlewares=[_any_target])
     app[GATEKEEPER] = gatekeeper
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
+
+
+@web.middleware
+async def _any_target(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Targets the router cannot match (``CONNECT host:443``, ``OPTIONS *``) still go through
+    the pipeline, which refuses them with a Status and an audit event (not aiohttp's 404)."""
+    if not request.raw_path.startswith("/"):
+        return await handle(request)
+    return await handler(request)  # type: ignore[no-any-return]
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -90,51 +105,71 @@ async def handle(request: web.Request) -> web.StreamResponse:
         flow.identity = identify(request.transport, gk.socket_drivers)
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
-        flow.media_type, flow.body = await read_body(request, flow.info)
-        if (path := gk.engine.lookup(flow.identity, flow.info)) is not None:
-            flow.current = await gk.upstream.fetch(path)
-        if gk.engine.needs_preview(flow.identity, flow.info, flow.current, flow.media_type):
-            flow.proposed = await preview_patch(
-                gk.upstream, flow.info, flow.media_type, flow.body, flow.current
-            )
-        flow.decision = gk.engine.decide(
-            flow.identity,
-            flow.info,
-            flow.body,
-            flow.current,
-            media_type=flow.media_type,
-            proposed=flow.proposed,
-        )
-        if not flow.decision.allowed:
-            decision = flow.decision
-            raise Refusal(
-                decision.code, decision.reason, decision.message, details=decision.details
-            )
-        return await forward(request, flow, gk.upstream)
+        # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
+        # cannot take the place (upstream connections, memory) of another driver's: 429.
+        with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
+            timeout = gk.budgets.limits.body_timeout
+            flow.media_type, flow.body = await read_body(request, flow.info, timeout)
+            flow.decision = await decide(gk, flow)
+            if flow.decision.forwards:
+                return await forward(request, flow, gk)
+            return _answer(flow, flow.decision)
     except Refusal as refusal:
-        flow.refusal = refusal
-        return _status_response(
-            flow, refusal.code, refusal.message, refusal.details, retry_after=refusal.retry_after
+        # Refused before the engine (identity, headers, path, body): the one verdict is this.
+        flow.decision = Decision(
+            allowed=False,
+            reason=refusal.reason,
+            code=refusal.code,
+            message=refusal.message,
+            details=refusal.details,
+            retry_after=refusal.retry_after,
         )
+        return _answer(flow, flow.decision)
     except UpstreamError as error:
         log.warning(
             "upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message
         )
-        return _status_response(
-            flow, error.code, error.message, {}, retry_after=1 if error.code == 503 else None
-        )
+        if flow.decision is None:
+            # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
+            flow.decision = deny(error.code, f"no decision, the upstream failed: {error.message}")
+        retry_after = 1 if error.code == 503 else None
+        failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
+        return _answer(flow, failed)
+    except Exception as exc:
+        # A fault of the gatekeeper's own: a Status 500 with the Audit-Id, the traceback in the
+        # log, and the event with the decision reached so far (fail closed: nothing forwarded
+        # after this point).
+        log.exception("internal error audit_id=%s", flow.audit_id)
+        return _internal_error(flow, exc)
     finally:
         if flow.completed is None:
-            flow.finish(flow.status_code or 499, "client disconnected")
+            # Cancelled: the driver went away (or the server is stopping) mid-request.
+            flow.finish(499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
-async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
-    """The media type and decoded body of a writing verb (None when absent); 415/413/400."""
+async def decide(gk: Gatekeeper, flow: Flow) -> Decision:
+    """The engine's conversation: plan, read what it needs, decide."""
+    assert flow.identity is not None and flow.info is not None
+    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type)
+    if isinstance(plan, Decision):
+        return plan
+    if plan.fetch is not None:
+        flow.current = await gk.upstream.fetch(plan.fetch)
+    if (preview := plan.preview(flow.body, flow.current)) is not None:
+        flow.proposed = await preview_patch(gk.upstream, preview)
+    return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
+
+
+async def read_body(
+    request: web.Request, info: RequestInfo, timeout: float | None = None
+) -> tuple[str, Any]:
+    """The media type and decoded body of a writing verb (None when absent); 415/413/408/400."""
     media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if not info.is_resource_request or info.verb not in _BODY_VERBS:
         return media_type, None
-    raw = await read_limited(request.content.iter_chunked(64 * 1024))
+    chunks = request.content.iter_chunked(64 * 1024)
+    raw = await (read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout))
     if not raw:
         return media_type, None
     media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
@@ -143,69 +178,38 @@ async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
     return media_type, decoded
 
 
-async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.StreamResponse:
+async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
     assert decision is not None and decision.target is not None
     target = decision.target
     payload = None if decision.body is None else json.dumps(decision.body).encode()
+    media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
-        request.headers,
-        audit_id=flow.audit_id,
-        token=upstream.token(),
-        content_type=None if payload is None else decision.media_type,
+        request.headers, audit_id=flow.audit_id, content_type=media_type
     )
-    watch_state: WatchFilter | None = None
-    if decision.filter is not None:
-        # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
-        # a Table or metadata-only answer cannot be, so it is never asked for.
-        headers["Accept"] = PLAIN_JSON
-        if flow.long_running:
-            watch_state = await prime_watch(upstream, target, decision.filter)
-        else:
-            watch_state = WatchFilter(decision.filter)
+    watch_state = await _prepare_filter(flow, decision, headers, gk.upstream)
+    flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     try:
-        async with upstream.request(
+        async with gk.upstream.stream(
             target.method, target.target, headers, payload, long_running=flow.long_running
-        ) as upstream_response:
-            flow.upstream_audit_id = upstream_response.headers.get("Audit-Id", "")
-            flow.status_code = upstream_response.status
+        ) as answer:
+            flow.upstream_audit_id = answer.headers.get("Audit-Id", "")
+            flow.status_code = answer.status
+            body = answer.chunks()
+            if answer.status < 400 and decision.filter is not None:
+                scoped = await scoped_chunks(target, body, decision.filter, watch_state)
+                if isinstance(scoped, Decision):
+                    # The object left the driver's scope after the engine's read: one 404.
+                    flow.decision = scoped
+                    return _answer(flow, scoped)
+                body = scoped
             response = web.StreamResponse(
-                status=upstream_response.status,
-                headers=response_headers(upstream_response.headers, audit_id=flow.audit_id),
+                status=answer.status,
+                headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            gk = request.app[GATEKEEPER]
-            capture = ResponseCapture(
-                gk.audit_level is AuditLevel.REQUEST_RESPONSE
-                and logs_bodies(flow.info)
-                and not flow.long_running,
-                upstream_response.headers.get("Content-Type", ""),
-            )
-            if upstream_response.status >= 400:
-                payload = await upstream_response.content.read(_MAX_CAPTURED_ERROR)
-                flow.status_message = _message_of(payload)
-                await response.prepare(request)
-                capture.feed(payload)
-                await response.write(payload)
-                async for chunk in upstream_response.content.iter_any():
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            else:
-                chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
-                if decision.filter is not None:
-                    chunks = await scoped_chunks(
-                        target, upstream_response.content, decision.filter, watch_state
-                    )
-                await response.prepare(request)
-                flow.response_started = datetime.now(UTC)
-                if flow.long_running:
-                    event = build_event(flow, gk.audit_level, STAGE_STARTED)
-                    await gk.audit.emit(event)
-                async for chunk in chunks:
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            await response.write_eof()
+            flow.response_object = await _relay(request, response, flow, gk, answer, body)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -217,31 +221,102 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         if request.transport is not None:
             request.transport.close()
         return response
+    except ConnectionResetError:
+        # The driver went away while its answer was written: its disconnect, not the upstream's.
+        if response is None:
+            raise
+        flow.finish(499, "client disconnected")
+        return response
+    except Exception as exc:
+        if response is None or not response.prepared:
+            raise
+        # A fault of our own mid-stream: no Status can follow the status line; break it.
+        log.exception("internal error mid-response audit_id=%s", flow.audit_id)
+        flow.annotations[ERROR_ANNOTATION] = f"internal error: {type(exc).__name__}"
+        flow.finish(500, f"internal error: {type(exc).__name__}")
+        if request.transport is not None:
+            request.transport.close()
+        return response
     finally:
         if watch_state is not None and watch_state.dropped:
             flow.annotations[DROPPED_ANNOTATION] = watch_state.annotation()
-    flow.response_object = capture.result()
-    flow.finish(upstream_response.status)
+    flow.finish(answer.status)
     return response
 
 
-def _status_response(
+async def _prepare_filter(
+    flow: Flow, decision: Decision, headers: dict[str, str], upstream: Upstream
+) -> WatchFilter | None:
+    """For a response filtered object by object: plain JSON, and a watch's starting state."""
+    if decision.filter is None or decision.target is None:
+        return None
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    if not flow.long_running:
+        return WatchFilter(decision.filter)  # counts what a get or list drops
+    return await prime_watch(upstream, decision.target, decision.filter)
+
+
+async def _relay(
+    request: web.Request,
+    response: web.StreamResponse,
     flow: Flow,
-    code: int,
-    message: str,
-    details: dict[str, str],
-    *,
-    retry_after: int | None,
-) -> web.Response:
-    extra: dict[str, object] = dict(details)
+    gk: Gatekeeper,
+    answer: UpstreamResponse,
+    body: AsyncIterator[bytes],
+) -> KubeObject | None:
+    """Write the upstream's answer to the driver; the captured response object, if logged."""
+    capture = ResponseCapture(
+        gk.audit_level is AuditLevel.REQUEST_RESPONSE
+        and logs_bodies(flow.info)
+        and not flow.long_running,
+        answer.headers.get("Content-Type", ""),
+    )
+    if answer.status >= 400:
+        head = await answer.read(_MAX_CAPTURED_ERROR)
+        flow.status_message = _message_of(head)
+        await response.prepare(request)
+        capture.feed(head)
+        await response.write(head)
+    else:
+        await response.prepare(request)
+        flow.response_started = datetime.now(UTC)
+        if flow.long_running:
+            await gk.audit.emit(build_event(flow, gk.audit_level, STAGE_STARTED))
+    async for chunk in body:
+        capture.feed(chunk)
+        await response.write(chunk)
+    await response.write_eof()
+    return capture.result()
+
+
+def _answer(flow: Flow, answer: Decision) -> web.Response:
+    """The gatekeeper's own answer: the apiserver's Status it was given, or one it writes."""
     headers = {"Audit-Id": flow.audit_id}
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-        extra["retryAfterSeconds"] = retry_after
-    body = status_body(code, message, details=extra or None)
+    if answer.response is not None:
+        body = answer.response
+    else:
+        extra: dict[str, object] = dict(answer.details)
+        if answer.retry_after is not None:
+            headers["Retry-After"] = str(answer.retry_after)
+            extra["retryAfterSeconds"] = answer.retry_after
+        body = status_body(answer.code, answer.message, details=extra or None)
     flow.response_object = body
-    flow.finish(code, message)
-    return web.json_response(body, status=code, headers=headers)
+    flow.finish(answer.code, answer.message)
+    return web.json_response(body, status=answer.code, headers=headers)
+
+
+def _internal_error(flow: Flow, exc: Exception) -> web.Response:
+    message = (
+        f"internal error in the gatekeeper ({type(exc).__name__}); nothing more was sent "
+        f"upstream; see its log for audit ID {flow.audit_id}"
+    )
+    flow.annotations[ERROR_ANNOTATION] = f"internal error: {type(exc).__name__}"
+    body = status_body(500, message)
+    flow.response_object = body
+    flow.finish(500, f"internal error: {type(exc).__name__}")
+    return web.json_response(body, status=500, headers={"Audit-Id": flow.audit_id})
 
 
 def _message_of(payload: bytes) -> str:

@@ -1,23 +1,51 @@
-"""Listeners and lifecycle: per-driver Unix sockets, the mTLS port, and the health port."""
+"""The running gatekeeper, built from a :class:`~gatekeeper.config.ServeConfig` alone.
+
+``start()`` binds every socket first and only then listens, so a port in use or an unwritable
+socket directory is a ConfigError (exit 2) with nothing listening; ``stop()`` drains: stop
+accepting, end watches, let in-flight requests finish within the grace period, flush the audit,
+remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and reloads on SIGHUP.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import ssl
-from collections.abc import Mapping
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from gatekeeper.audit import AuditLevel, AuditSink, NullSink
+from gatekeeper import __version__
+from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
+from gatekeeper.config import AuditSettings, ServeConfig
 from gatekeeper.connections import GuardedRunner
-from gatekeeper.limits import DEFAULT_LIMITS, Limits
-from gatekeeper.listeners import SOCKET_NAME, SocketListeners
-from gatekeeper.policy import Engine, Policy
+from gatekeeper.drain import InFlight
+from gatekeeper.errors import ConfigError, Refusal
+from gatekeeper.expiry import CertificateExpiry
+from gatekeeper.health import Readiness, build_health_app, upstream_probe
+from gatekeeper.identity import identify
+from gatekeeper.limits import DriverBudgets
+from gatekeeper.listeners import SOCKET_NAME, DriverSocket, SocketListeners
+from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
+from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
-from gatekeeper.upstream import Upstream
+from gatekeeper.reload import Reloader
+from gatekeeper.tls import PeerSocket
+from gatekeeper.upstream import Upstream, UpstreamSession
 
-__all__ = ["SOCKET_NAME", "GatekeeperServer", "socket_path"]
+__all__ = [
+    "SOCKET_NAME",
+    "GatekeeperServer",
+    "Listener",
+    "bind_listeners",
+    "close_listeners",
+    "open_audit",
+    "run_until_signal",
+    "socket_path",
+]
 
 log = logging.getLogger("gatekeeper.server")
 
@@ -30,106 +58,321 @@ def socket_path(socket_dir: Path, driver: str) -> Path:
     return socket_dir / driver / SOCKET_NAME
 
 
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A bound (not yet listening) socket: ``role`` is ``unix``, ``mtls`` or ``health``."""
+
+    role: str
+    sock: socket.socket
+    driver: str = ""
+    path: str = ""
+    """The Unix socket's file (kept: a closed socket no longer knows its name)."""
+
+    @property
+    def address(self) -> str:
+        """The socket path, or HOST:PORT (the bound port, also for port 0)."""
+        return _address(self.sock.getsockname())
+
+
+def _address(name: object) -> str:
+    if isinstance(name, str):
+        return name
+    assert isinstance(name, tuple)
+    host = f"[{name[0]}]" if ":" in str(name[0]) else name[0]
+    return f"{host}:{name[1]}"
+
+
+def bind_listeners(
+    config: ServeConfig, drivers: list[str], sockets: SocketListeners | None = None
+) -> list[Listener]:
+    """Bind every socket ``config`` asks for, or none: ConfigError naming the flag.
+
+    Binding is the last check before listening (a port in use, a socket directory that cannot
+    hold sockets or is in use by another instance); nothing accepts a connection until every
+    socket is bound. A driver whose socket path cannot be used is skipped, logged
+    (:mod:`gatekeeper.listeners`): it costs only that driver its listener.
+    """
+    bound: list[Listener] = []
+    try:
+        if config.socket_dir is not None:
+            assert sockets is not None, "a socket directory needs its SocketListeners"
+            sockets.acquire()
+            for driver_socket in sockets.bind(drivers):
+                bound.append(_unix_listener(driver_socket.driver, driver_socket))
+        if config.listen is not None:
+            bound.append(Listener("mtls", _bind_tcp(*config.listen, "--listen")))
+        if config.health_listen is not None:
+            bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
+    except BaseException:
+        close_listeners(bound, sockets)
+        raise
+    return bound
+
+
+def close_listeners(listeners: list[Listener], sockets: SocketListeners | None = None) -> None:
+    """Close bound sockets; the Unix socket files go with ``sockets`` (only those still ours)."""
+    for listener in listeners:
+        listener.sock.close()
+    if sockets is not None:
+        sockets.close()
+
+
+def _unix_listener(driver: str, bound: DriverSocket) -> Listener:
+    return Listener("unix", bound.sock, driver, bound.path)
+
+
+def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{flag} {host}:{port}: cannot resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = PeerSocket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{flag} {host}:{port}: cannot listen: {_why(exc)}") from None
+    return sock
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def open_audit(settings: AuditSettings) -> AuditSink:
+    """The audit sink ``settings`` ask for; ConfigError if the file cannot be opened."""
+    if not settings.path:
+        return NullSink()
+    try:
+        return JsonLinesWriter(
+            settings.path, max_size_mb=settings.max_size_mb, max_backups=settings.max_backups
+        )
+    except OSError as exc:
+        raise ConfigError(f"--audit-log {settings.path}: {_why(exc)}") from None
+
+
 class GatekeeperServer:
-    """The running gatekeeper: start() binds every listener, stop() drains and closes."""
+    """The running gatekeeper: start() binds then listens, stop() drains and closes.
+
+    ``upstream`` and ``audit`` replace the ones the config describes (tests, benchmarks).
+    """
 
     def __init__(
         self,
+        config: ServeConfig,
         *,
-        policy: Policy,
-        node_name: str,
-        upstream: Upstream,
-        node_labels: Mapping[str, str] | None = None,
+        upstream: Upstream | None = None,
         audit: AuditSink | None = None,
-        audit_level: AuditLevel = AuditLevel.METADATA,
-        socket_dir: Path | None = None,
-        listen: tuple[str, int] | None = None,
-        listen_ssl: ssl.SSLContext | None = None,
-        health_listen: tuple[str, int] | None = None,
-        socket_group: int | None = None,
-        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        self.limits = limits
-        self.upstream = upstream
-        self.audit = audit or NullSink()
+        self.config = config
+        self.metrics = Metrics()
+        self.upstream_watches = UpstreamWatches()
+        sink = audit if audit is not None else open_audit(config.audit)
+        if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
+            self.metrics.watch_audit(sink)
+        self.audit: AuditSink = MeteredSink(sink, self.metrics)
+        self.upstream = upstream or UpstreamSession(
+            config.upstream,
+            tokens=config.tokens,
+            ssl_context=config.upstream_ssl,
+            trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
+        )
         self.gatekeeper = Gatekeeper(
-            engine=Engine(policy, node_name, node_labels=dict(node_labels or {})),
-            upstream=upstream,
+            engine=Engine(config.policy, config.node_name, node_labels=dict(config.node_labels)),
+            upstream=self.upstream,
             audit=self.audit,
-            audit_level=audit_level,
+            audit_level=config.audit.level,
+            budgets=DriverBudgets(config.limits),
         )
-        self._socket_dir = socket_dir
-        self._sockets = (
-            SocketListeners(socket_dir, group=socket_group) if socket_dir is not None else None
+        self.readiness = Readiness(
+            upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
         )
-        self._listen = listen
-        self._listen_ssl = listen_ssl
-        self._health_listen = health_listen
+        self.expiry = CertificateExpiry(self.metrics, config.cert_expiry_warning)
+        self.reloader = Reloader(self)
+        if config.listen_tls is not None:
+            config.listen_tls.on_handshake_failure = self._handshake_failed
         self._runners: list[web.AppRunner] = []
+        self._listeners: list[Listener] = []
+        self._sockets = (
+            SocketListeners(config.socket_dir, group=config.socket_group)
+            if config.socket_dir is not None
+            else None
+        )
         self.tls_port: int | None = None
         self.health_port: int | None = None
-        self.ready = False
+        self.listening = False
+        self.in_flight = InFlight()
+
+    @property
+    def engine(self) -> Engine:
+        return self.gatekeeper.engine
 
     async def start(self) -> None:
-        if self._sockets is not None:
-            self._sockets.acquire()  # a second instance on the directory stops here (exit 2)
+        """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
+        drivers = sorted(self.engine.policy.drivers)
+        self._listeners = bind_listeners(self.config, drivers, self._sockets)
         await self.upstream.start()
+        app = build_app(self.gatekeeper)
+        app.middlewares.append(self.in_flight.middleware)
+        app.middlewares.append(self.metrics.middleware(self._driver_of))
+        # In-flight requests are drained before the runner shuts down (InFlight.drain).
         runner = GuardedRunner(
-            build_app(self.gatekeeper), self.limits, handler_cancellation=True, access_log=None
+            app,
+            self.config.limits,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
         )
         await runner.setup()
         self._runners.append(runner)
-        if self._socket_dir is not None:
-            await self._start_sockets(runner, self._socket_dir)
-        if self._listen is not None:
-            host, port = self._listen
-            site = web.TCPSite(runner, host, port, ssl_context=self._listen_ssl, backlog=_BACKLOG)
-            await site.start()
-            self.tls_port = _bound_port(site)
-            log.info("listening mtls=%s:%s", host, self.tls_port)
-        if self._health_listen is not None:
-            await self._start_health(*self._health_listen)
-        self.ready = True
+        health_runner: web.AppRunner | None = None
+        for listener in self._listeners:
+            if listener.role == "health":
+                health_runner = web.AppRunner(
+                    build_health_app(self.readiness, self.metrics),
+                    access_log=None,
+                    shutdown_timeout=1.0,
+                )
+                await health_runner.setup()
+                self._runners.append(health_runner)
+                await self._listen(health_runner, listener)
+            else:
+                await self._listen(runner, listener)
+        self.listening = True
+        self.reloader.start()
+        self._log_started()
+
+    async def _listen(self, runner: web.AppRunner, listener: Listener) -> None:
+        ssl_context = self.config.listen_tls if listener.role == "mtls" else None
+        site = web.SockSite(runner, listener.sock, ssl_context=ssl_context, backlog=_BACKLOG)
+        await site.start()
+        if listener.role == "unix":
+            # The accepted socket reports the listening path as its sockname: the identity.
+            self.gatekeeper.socket_drivers[listener.path] = listener.driver
+        elif listener.role == "mtls":
+            self.tls_port = int(listener.sock.getsockname()[1])
+        else:
+            self.health_port = int(listener.sock.getsockname()[1])
+
+    def _log_started(self) -> None:
+        config, policy = self.config, self.engine.policy
+        log.info(
+            "started version=%s node=%s drivers=%s policy=%s kinds=%s upstream=%s",
+            __version__,
+            config.node_name,
+            ",".join(sorted(policy.drivers)),
+            policy.source,
+            ",".join(sorted(spec.qualified for spec in policy.kinds.values())),
+            config.upstream.server,
+        )
+        for listener in self._listeners:
+            if listener.role == "unix":
+                log.info("listening driver=%s socket=%s", listener.driver, listener.path)
+            elif listener.role == "mtls":
+                log.info("listening mtls=%s", listener.address)
+            else:
+                log.info("listening health=%s paths=/healthz,/readyz,/metrics", listener.address)
 
     async def stop(self) -> None:
-        self.ready = False
+        """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
+        self.listening = False
+        await self.reloader.stop()
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        # Watches opened meanwhile on kept-alive connections are ended too.
+        await self.in_flight.drain(self.config.shutdown_grace, self.upstream_watches.end_all)
+        await self._cleanup_runners()
+        await self.upstream.close()
+        close_listeners(self._listeners, self._sockets)
+        self._listeners = []
+        await self.audit.aclose()
+
+    async def _cleanup_runners(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        await self.upstream.close()
+
+    def _driver_of(self, request: web.Request) -> str:
+        """The caller, for per-driver metrics; notes a client certificate close to expiry."""
+        try:
+            identity = identify(request.transport, self.gatekeeper.socket_drivers)
+        except Refusal:
+            return "-"
+        not_after = identity.peer.get("certNotAfter")
+        if not_after and self.engine.policy.allows_driver(identity.driver):
+            self.expiry.observe_client(identity.driver, not_after)
+        return identity.driver
+
+    def _handshake_failed(self, peer: str, reason: str) -> None:
+        self.metrics.tls_failures.labels(reason[:60]).inc()
+
+    async def add_driver_sockets(self, drivers: list[str]) -> None:
+        """Listen for drivers a reloaded policy added (socket listener only)."""
+        if self._sockets is None or not self._runners:
+            return
+        for bound in self._sockets.bind(drivers):  # a path it cannot use is logged, skipped
+            listener = _unix_listener(bound.driver, bound)
+            self._listeners.append(listener)
+            await self._listen(self._runners[0], listener)
+
+    async def remove_driver_sockets(self, drivers: list[str]) -> None:
+        """Stop listening for drivers a reloaded policy removed."""
+        gone = set(drivers)
+        for path, driver in list(self.gatekeeper.socket_drivers.items()):
+            if driver in gone:
+                del self.gatekeeper.socket_drivers[path]
+                log.info("closed driver=%s socket=%s", driver, path)
+        runner = self._runners[0] if self._runners else None
+        if runner is not None:
+            for site in list(runner.sites):
+                if isinstance(site, web.SockSite) and site.name.endswith(
+                    tuple(f"/{d}/{SOCKET_NAME}:" for d in gone)
+                ):
+                    await site.stop()
+        self._listeners = [
+            listener
+            for listener in self._listeners
+            if not (listener.role == "unix" and listener.driver in gone)
+        ]
         if self._sockets is not None:
-            self._sockets.close()  # only our own socket files, then the directory lock
-        await self.audit.aclose()
-
-    async def _start_sockets(self, runner: web.AppRunner, socket_dir: Path) -> None:
-        assert self._sockets is not None
-        for bound in self._sockets.bind(sorted(self.gatekeeper.engine.policy.drivers)):
-            await web.SockSite(runner, bound.sock, backlog=_BACKLOG).start()
-            # The accepted socket reports the listening path as its sockname: that is the identity.
-            self.gatekeeper.socket_drivers[bound.path] = bound.driver
-
-    async def _start_health(self, host: str, port: int) -> None:
-        app = web.Application()
-
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(_: web.Request) -> web.Response:
-            return web.Response(
-                text="ok" if self.ready else "not ready", status=200 if self.ready else 503
-            )
-
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        self.health_port = _bound_port(site)
+            for driver in gone:
+                self._sockets.release(driver)  # only the file that is still ours
 
 
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp exposes the bound port only through the server's sockets
-    assert server is not None
-    return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+async def run_until_signal(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    reload: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run ``start()``, wait for SIGINT/SIGTERM, then ``stop()`` (always); SIGHUP: ``reload``."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[None]] = set()
+    if reload is not None:
+
+        def on_hup() -> None:
+            task = asyncio.ensure_future(reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        try:
+            await start()
+        except BaseException:
+            await stop()  # whatever start() got to; its error is the one line to report
+            raise
+        try:
+            await stopping.wait()
+            log.info("stopping: draining in-flight requests")
+        finally:
+            await stop()
+        log.info("stopped")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(signum)

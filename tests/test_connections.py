@@ -13,7 +13,8 @@ import pytest
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NIC, PKI, MemorySink, Running, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NIC, PKI, Running, running_gatekeeper
+from tests.conftest import MemorySink
 from tests.rawhttp import build_request, send_raw
 
 LIMITS = Limits(connections_per_driver=8, connections_total=20, header_timeout=0.5)
@@ -24,7 +25,9 @@ async def guarded(
     apiserver: APIServer, policy: Policy, pki: PKI
 ) -> AsyncIterator[tuple[Running, MemorySink]]:
     sink = MemorySink()
-    async with running_gatekeeper(apiserver, policy, pki, audit=sink, limits=LIMITS) as running:
+    async with running_gatekeeper(
+        apiserver, policy, pki, audit_sink=sink, limits=LIMITS
+    ) as running:
         yield running, sink
 
 

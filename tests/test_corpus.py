@@ -15,7 +15,8 @@ import yaml
 
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer, resource_slice
-from tests.conftest import GPU, NIC, NODE, PKI, MemorySink, Running, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NIC, NODE, PKI, Running, running_gatekeeper
+from tests.conftest import MemorySink
 from tests.rawhttp import build_request, send_raw_all
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -86,7 +87,7 @@ async def stack(
     apiserver.add(resource_slice("node-a-gpu", driver=GPU, node=NODE, pool=NODE))
     apiserver.add(resource_slice("node-a-nic", driver=NIC, node=NODE, pool=NODE))
     sink = MemorySink()
-    async with running_gatekeeper(apiserver, policy, pki, audit=sink) as running:
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
         yield running, sink
 
 

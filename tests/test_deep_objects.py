@@ -15,11 +15,11 @@ from aiohttp import web
 
 from gatekeeper import filtering
 from gatekeeper.audit import AuditLevel
+from gatekeeper.config import AuditSettings
 from gatekeeper.filtering import DROPPED_ANNOTATION
-from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy
-from gatekeeper.upstream import Upstream
-from tests.conftest import GPU, NODE, NODE_TOKEN, PKI, MemorySink, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NODE, PKI, running_gatekeeper
+from tests.conftest import MemorySink
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -110,14 +110,12 @@ async def deep_gatekeeper(
     deep_upstream: DeepUpstream, policy: Policy, pki: PKI
 ) -> AsyncIterator[tuple[Any, MemorySink]]:
     sink = MemorySink()
-    upstream = Upstream(UpstreamConfig(server=deep_upstream.url, token=NODE_TOKEN))
     async with running_gatekeeper(
         deep_upstream,  # type: ignore[arg-type]
         policy,
         pki,
-        upstream=upstream,
-        audit=sink,
-        audit_level=AuditLevel.REQUEST_RESPONSE,
+        audit_sink=sink,
+        audit=AuditSettings(level=AuditLevel.REQUEST_RESPONSE),
     ) as running:
         yield running, sink
 

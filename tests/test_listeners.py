@@ -17,14 +17,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gatekeeper.config import ServeConfig
 from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.listeners import SocketListeners
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN
 from tests.test_cli import SERVE, free_port, kubeconfig
 
 
@@ -32,13 +32,11 @@ from tests.test_cli import SERVE, free_port, kubeconfig
 async def serving(
     apiserver: APIServer, policy: Policy, socket_dir: Path, **options: object
 ) -> AsyncIterator[GatekeeperServer]:
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
-        socket_dir=socket_dir,
-        **options,  # type: ignore[arg-type]
-    )
+    upstream = UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)
+    config = ServeConfig(
+        node_name=NODE, policy=policy, upstream=upstream, socket_dir=socket_dir, **options
+    )  # type: ignore[arg-type]
+    server = GatekeeperServer(config)
     await server.start()
     try:
         yield server

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from gatekeeper.policy import Policy
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, PKI, MemorySink, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, running_gatekeeper
+from tests.conftest import MemorySink
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
@@ -149,7 +150,7 @@ def test_refused_requests_never_reach_the_apiserver(policy: Policy, pki: PKI) ->
         apiserver.add(resource_slice("node-a-gpu", driver=GPU, node=NODE, pool=NODE))
         apiserver.add(resource_slice("node-a-nic", driver=NIC, node=NODE, pool="node-a/nic"))
         sink = MemorySink()
-        context = running_gatekeeper(apiserver, policy, pki, audit=sink)
+        context = running_gatekeeper(apiserver, policy, pki, audit_sink=sink)
         running = await context.__aenter__()
         sessions = {driver: running.unix_session(driver) for driver in DRIVERS}
         return apiserver, context, sessions, sink

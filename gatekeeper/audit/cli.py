@@ -52,14 +52,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--policy", required=True, help="the policy file to test")
     check.add_argument("--driver", action="append", default=[], help="also allow this driver")
     check.add_argument("--node-name", help="node of requests whose user names none")
-    check.add_argument("logs", nargs="+", metavar="LOG")
+    check.add_argument(
+        "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
+    )
     generate = commands.add_parser(
         "generate", parents=[mapping], help="least-privilege policy for the observed traffic"
     )
     generate.add_argument("--base", help="policy with the field paths of known kinds")
     generate.add_argument("--node-name", help="node of requests whose user names none")
     generate.add_argument("-o", "--output", default="-", help="write the policy here (default -)")
-    generate.add_argument("logs", nargs="+", metavar="LOG")
+    generate.add_argument(
+        "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
+    )
     return parser
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -101,8 +102,10 @@ def load_policy(path: str | None) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; ConfigError naming ``source`` and the key on any fault."""
+    stream = io.StringIO(text)
+    stream.name = source  # PyYAML names the stream in its messages (else "<unicode string>")
     try:
-        doc = yaml.load(text, Loader=_StrictLoader)
+        doc = yaml.load(stream, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from exc
     ctx = _Context(source)
@@ -130,7 +133,7 @@ class _Context:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def fail(self, key: str, why: str) -> Any:
+    def fail(self, key: str, why: str) -> NoReturn:
         where = f"{self.source}: {key}" if key else self.source
         raise ConfigError(f"{where}: {why}")
 
@@ -161,6 +164,13 @@ class _Context:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             self.fail(key, "must be a list of strings")
         return value
+
+
+_VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+def _allowed_verbs() -> list[str]:
+    return [v for v in _VERB_ORDER if v in ALL_VERBS] + sorted(ALL_VERBS - set(_VERB_ORDER))
 
 
 def _join(prefix: str, key: str) -> str:
@@ -195,7 +205,12 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
         ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), _join(key, "verbs"))
     )
     if unknown := verbs - ALL_VERBS:
-        ctx.fail(_join(key, "verbs"), f"unknown verbs {sorted(unknown)}")
+        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
+        ctx.fail(
+            _join(key, "verbs"),
+            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
+            f"(allowed: {', '.join(_allowed_verbs())})",
+        )
     subresources = frozenset(
         ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
     )

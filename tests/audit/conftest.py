@@ -1,43 +1,18 @@
-"""A running gatekeeper that writes a real audit log, and helpers to read it back."""
+"""A running gatekeeper that writes a real audit log (read back with ``Audited.events()``)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gatekeeper.audit import AuditLevel, JsonLinesWriter
-from gatekeeper.config import server_ssl_context
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.audit import AuditLevel
+from gatekeeper.config import AuditSettings
+from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.policy import Policy
-from gatekeeper.server import GatekeeperServer
 from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import NODE, NODE_TOKEN, PKI, Running
-
-
-@dataclass
-class Audited(Running):
-    """A gatekeeper with its audit log; ``stop()`` flushes it, ``events()`` reads it."""
-
-    log_path: Path = Path()
-    stopped: bool = False
-
-    async def stop(self) -> None:
-        if not self.stopped:
-            self.stopped = True
-            await self.server.stop()
-
-    async def events(self) -> list[dict[str, Any]]:
-        await self.stop()
-        with open(self.log_path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle]
+from gatekeeper.testing.harness import PKI, Audited, running_gatekeeper
 
 
 @pytest.fixture
@@ -46,25 +21,22 @@ def audit_level() -> AuditLevel:
 
 
 @pytest.fixture
+def limits() -> Limits:
+    return DEFAULT_LIMITS
+
+
+@pytest.fixture
 async def audited(
-    apiserver: APIServer, policy: Policy, pki: PKI, audit_level: AuditLevel, tmp_path: Path
+    apiserver: APIServer,
+    policy: Policy,
+    pki: PKI,
+    audit_level: AuditLevel,
+    limits: Limits,
+    tmp_path: Path,
 ) -> AsyncIterator[Audited]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
     log_path = tmp_path / "audit.log"
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
-        audit=JsonLinesWriter(str(log_path)),
-        audit_level=audit_level,
-        socket_dir=socket_dir,
-        listen=("127.0.0.1", 0),
-        listen_ssl=server_ssl_context(
-            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
-        ),
-    )
-    await server.start()
-    running = Audited(server, socket_dir, pki, log_path=log_path)
-    yield running
-    await running.stop()
-    shutil.rmtree(socket_dir, ignore_errors=True)
+    settings = AuditSettings(path=str(log_path), level=audit_level)
+    async with running_gatekeeper(apiserver, policy, pki, audit=settings, limits=limits) as running:
+        audited = Audited(running.server, running.socket_dir, running.pki, log_path=log_path)
+        yield audited
+        await audited.stop()

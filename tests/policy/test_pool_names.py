@@ -14,6 +14,7 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, load_policy, parse_policy
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing.harness import decide_offline
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")
@@ -60,8 +61,8 @@ CREATES = [
 )  # fmt: skip
 def test_pool_rule_per_kind(collection: str, body: Any, strict_ok: bool, dash_ok: bool) -> None:
     info = parse_request("POST", collection)
-    strict = Engine(DEFAULT, NODE).decide(GPU, info, body)
-    dashed = Engine(DASH, NODE).decide(GPU, info, body)
+    strict = decide_offline(Engine(DEFAULT, NODE), GPU, info, body)
+    dashed = decide_offline(Engine(DASH, NODE), GPU, info, body)
     assert (strict.allowed, dashed.allowed) == (strict_ok, dash_ok), (strict.reason, dashed.reason)
     if not strict_ok:
         assert strict.code == 403
@@ -71,7 +72,8 @@ def test_pool_rule_per_kind(collection: str, body: Any, strict_ok: bool, dash_ok
 
 
 def test_refusal_names_the_separators() -> None:
-    decision = Engine(DEFAULT, NODE).decide(GPU, parse_request("POST", SLICES), a_slice("node-a-b"))
+    info = parse_request("POST", SLICES)
+    decision = decide_offline(Engine(DEFAULT, NODE), GPU, info, a_slice("node-a-b"))
     assert 'spec.pool.name "node-a-b" is not prefixed by node name "node-a" followed by "/"' in (
         decision.message
     )
@@ -80,8 +82,8 @@ def test_refusal_names_the_separators() -> None:
 def test_stored_object_with_a_dash_pool_is_not_the_drivers() -> None:
     current = a_slice("node-a-b") | {}
     current["metadata"] = {"name": "s", "uid": "u", "resourceVersion": "3"}
-    decision = Engine(DEFAULT, NODE).decide(
-        GPU, parse_request("DELETE", f"{SLICES}/s"), None, current
+    decision = decide_offline(
+        Engine(DEFAULT, NODE), GPU, parse_request("DELETE", f"{SLICES}/s"), None, current
     )
     assert not decision.allowed and "node-a-b" in decision.message
 
@@ -111,14 +113,14 @@ def test_deletecollection_pins_the_pool(
     collection: str, terms: str, allowed: bool, message: str
 ) -> None:
     info = parse_request("DELETE", f"{collection}?{_selector(terms)}")
-    decision = Engine(DEFAULT, NODE).decide(GPU, info)
+    decision = decide_offline(Engine(DEFAULT, NODE), GPU, info)
     assert decision.allowed is allowed, decision.message
     assert message in decision.message
 
 
 def test_list_does_not_need_a_pool_term() -> None:
     info = parse_request("GET", f"{POOLS}?{_selector(PINNED)}")
-    assert Engine(DEFAULT, NODE).decide(GPU, info).allowed
+    assert decide_offline(Engine(DEFAULT, NODE), GPU, info).allowed
 
 
 def test_named_pool_selector_is_pinned() -> None:
@@ -127,10 +129,12 @@ def test_named_pool_selector_is_pinned() -> None:
         "        pool: spec.pool.name\n        fieldSelectors: {pool: spec.pool.name}\n",
     )
     engine = Engine(parse_policy(text).with_drivers(frozenset({GPU.driver})), NODE)
-    refused = engine.decide(GPU, parse_request("DELETE", f"{SLICES}?{_selector(PINNED)}"))
+    refused = decide_offline(engine, GPU, parse_request("DELETE", f"{SLICES}?{_selector(PINNED)}"))
     assert not refused.allowed and "spec.pool.name=<pool>" in refused.message
     pinned = f"{PINNED},spec.pool.name=node-a/gpus"
-    assert engine.decide(GPU, parse_request("DELETE", f"{SLICES}?{_selector(pinned)}")).allowed
+    assert decide_offline(
+        engine, GPU, parse_request("DELETE", f"{SLICES}?{_selector(pinned)}")
+    ).allowed
 
 
 BAD = [
