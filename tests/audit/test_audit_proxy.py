@@ -213,13 +213,13 @@ async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited)
         {
             "apiVersion": "devmgmtproto.k8s.io/v1alpha1",
             "kind": "DevicePool",
-            "metadata": {"name": "node-a-applied"},
+            "metadata": {"name": "node-a"},
             "spec": {"driver": GPU, "nodeName": NODE},
         }
     )
     async with audited.unix_session(GPU) as session:
         applied = await session.patch(
-            f"{pools}/node-a-applied?fieldManager=gpu-driver&force=true",
+            f"{pools}/node-a?fieldManager=gpu-driver&force=true",
             data=apply,
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
