@@ -60,6 +60,10 @@ class Limits:
     """Upstream connections for drivers' watches."""
     upstream_own: int = 16
     """Upstream connections reserved for the gatekeeper's own reads (fetch, dry run)."""
+    upstream_connect_timeout: float = 10.0
+    """Seconds to connect to the upstream; then 504."""
+    upstream_timeout: float = 60.0
+    """Seconds without a byte of an upstream answer (not a watch); then 504."""
 
     def check(self) -> Limits:
         """This value, or ConfigError naming the first bound that is not positive."""
@@ -83,6 +87,8 @@ _FLAGS = {
     "--upstream-wait": ("upstream_wait", "seconds to wait for an upstream connection (then 503)"),
     "--upstream-connections": ("upstream_requests", "upstream connections for requests"),
     "--upstream-watch-connections": ("upstream_watches", "upstream connections for watches"),
+    "--upstream-connect-timeout": ("upstream_connect_timeout", "seconds to connect upstream"),
+    "--upstream-timeout": ("upstream_timeout", "seconds an upstream answer may stall (504)"),
 }
 
 

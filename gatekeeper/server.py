@@ -178,6 +178,7 @@ class GatekeeperServer:
             tokens=config.tokens,
             ssl_context=config.upstream_ssl,
             trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
+            limits=config.limits,
         )
         self.gatekeeper = Gatekeeper(
             engine=Engine(config.policy, config.node_name, node_labels=dict(config.node_labels)),
