@@ -30,10 +30,13 @@ from gatekeeper.policy import Decision
 from gatekeeper.proxy import GATEKEEPER, Gatekeeper
 from gatekeeper.status import status_body
 
-__all__ = ["ConnectionGuard", "GuardedRunner"]
+__all__ = ["CALLER_ANNOTATION", "ConnectionGuard", "GuardedRunner"]
 
 log = logging.getLogger("gatekeeper.connections")
 
+CALLER_ANNOTATION = "dra-gatekeeper.io/connection-caller"
+"""Audit annotation of answers given before a request was read: the driver (socket directory
+or certificate CN) or peer whose connection it was."""
 _LINGER = 1.0
 """Seconds a refused connection is kept half-closed so the client can read its 429."""
 
@@ -52,6 +55,7 @@ class ConnectionGuard:
         """Requests aiohttp refused before the handler (answered with a Status)."""
         self.header_timeouts = 0
         """Connections closed because a request's headers did not complete in time."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def caller(self, transport: Any) -> str:
         """Who is on ``transport`` for counting: the driver, else the peer (never trusted)."""
@@ -82,6 +86,24 @@ class ConnectionGuard:
                         self.refused[caller], why)  # fmt: skip
         return why
 
+    def flow(self, method: str, caller: str) -> Flow:
+        """A Flow for an answer given before a request could be read (no identity yet: the
+        caller, as counted for connection caps, goes in an annotation)."""
+        flow = Flow(
+            method=method, raw_target="", source_ips=(), user_agent="",
+            node_name=self.gatekeeper.node_name,
+        )  # fmt: skip
+        if caller:
+            flow.annotations[CALLER_ANNOTATION] = caller
+        return flow
+
+    def audit(self, flow: Flow) -> None:
+        """Emit ``flow``'s event from a synchronous protocol callback."""
+        event = build_event(flow, self.gatekeeper.audit_level)
+        task = asyncio.get_running_loop().create_task(self.gatekeeper.audit.emit(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def release(self, caller: str) -> None:
         self.total -= 1
         self.open[caller] -= 1
@@ -102,21 +124,31 @@ class _GuardedHandler(RequestHandler):
         caller = self.guard.caller(transport)
         if (why := self.guard.admit(caller)) is not None:
             self._refused = True
-            body = json.dumps(status_body(429, f"too many connections: {why}")).encode()
-            head = (
-                "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-                f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-            )
-            transport.write(head.encode() + body)  # type: ignore[attr-defined]
-            # Half-close and discard what the client still sends for a moment: closing with
-            # unread data would reset the connection before the client reads the 429.
-            if transport.can_write_eof():  # type: ignore[attr-defined]
-                transport.write_eof()  # type: ignore[attr-defined]
-            asyncio.get_running_loop().call_later(_LINGER, transport.close)
-            self._refused_transport = transport
+            self._refuse(transport, caller, why)
             return
         self._caller = caller
         super().connection_made(transport)
+
+    def _refuse(self, transport: asyncio.BaseTransport, caller: str, why: str) -> None:
+        """Answer 429 before reading anything, audit it, and close after a moment."""
+        flow = self.guard.flow("", caller)
+        text = f"too many connections: {why}"
+        flow.decision = Decision(False, "too many connections", 429, text, retry_after=1)
+        flow.finish(429, text)
+        self.guard.audit(flow)
+        body = json.dumps(status_body(429, text, details={"retryAfterSeconds": 1})).encode()
+        head = (
+            "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            f"Audit-Id: {flow.audit_id}\r\nRetry-After: 1\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        transport.write(head.encode() + body)  # type: ignore[attr-defined]
+        # Half-close and discard what the client still sends for a moment: closing with
+        # unread data would reset the connection before the client reads the 429.
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+        asyncio.get_running_loop().call_later(_LINGER, transport.close)
+        self._refused_transport = transport
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._refused:
@@ -176,18 +208,13 @@ class _GuardedHandler(RequestHandler):
             log.warning("malformed HTTP request refused caller=%s reason=%s", self._caller, reason)
         else:
             log.error("error handling a request caller=%s", self._caller, exc_info=exc)
-        flow = Flow(
-            method=request.method, raw_target="", source_ips=(), user_agent="",
-            node_name=self.guard.gatekeeper.node_name,
-        )  # fmt: skip
+        flow = self.guard.flow(request.method, self._caller or "")
         text = f"malformed HTTP request: {reason}" if status < 500 else "internal error"
         if status < 500:
             flow.decision = Decision(False, text, status, text)
         flow.finish(status, text)
         body = status_body(status, text)
-        gatekeeper = self.guard.gatekeeper
-        event = build_event(flow, gatekeeper.audit_level)
-        asyncio.get_running_loop().create_task(gatekeeper.audit.emit(event))
+        self.guard.audit(flow)
         response = web.json_response(body, status=status, headers={"Audit-Id": flow.audit_id})
         response.force_close()
         return response

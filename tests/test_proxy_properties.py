@@ -1,6 +1,7 @@
 """Random request sequences from two drivers through the whole proxy (real sockets, the
 embedded API server): a request the gatekeeper refuses never reaches the API server, one it
-allows reaches it once (or is a read answered from the object it checked), and no driver ever leaves an object in the store that breaks the rules.
+allows reaches it once (or is a read answered from the object it checked), and no driver
+ever leaves an object in the store that breaks the rules.
 
 Bounded by the hypothesis profile (``ci`` by default; ``long`` in README "Property tests").
 """
