@@ -110,6 +110,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
         flow.identity = identify(request.transport, gk.socket_drivers)
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
+        if not getattr(gk.audit, "writable", True):
+            # SECURITY: README "Faults" — fail closed: nothing is served that is not audited.
+            raise Refusal(
+                503,
+                "the audit log cannot be written",
+                "the gatekeeper cannot write its audit log (disk full or I/O error): requests "
+                "are refused until it can, rather than served unaudited",
+                retry_after=5,
+            )
         # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
         # cannot take the place (upstream connections, memory) of another driver's: 429.
         with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
