@@ -88,7 +88,7 @@ def _nested(value: Any) -> bool:
     return isinstance(value, dict | list) or value is TOO_DEEP
 
 
-def parse_bounded(text: str | bytes, *, limit: int = MAX_OBJECT_DEPTH) -> Any:
+def parse_bounded(text: str | bytes | bytearray, *, limit: int = MAX_OBJECT_DEPTH) -> Any:
     """Parse JSON of any depth; subtrees nested deeper than ``limit`` become :data:`TOO_DEEP`.
 
     Raises ``ValueError`` on invalid JSON. Skipped subtrees are bracket-matched, not validated.

@@ -75,7 +75,7 @@ def load_json_yaml(
     result: Any = None
     try:
         while loader.check_event():
-            event = loader.get_event()
+            event = loader.get_event()  # type: ignore[no-untyped-call]
             if isinstance(event, DocumentStartEvent):
                 documents += 1
                 if documents > 1:
@@ -121,10 +121,10 @@ def _screen(event: Any, depth: int, max_depth: int) -> None:
 
 def _scalar(loader: _Loader, constructor: yaml.SafeLoader, event: ScalarEvent) -> Any:
     if event.tag in (None, "!"):
-        tag = loader.resolve(ScalarNode, event.value, event.implicit)
+        tag = loader.resolve(ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
     else:
         tag = event.tag
-    node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+    node = ScalarNode(tag, event.value, style=event.style)
     value = constructor.construct_object(node) if tag in _SCALAR_TAGS else event.value
     if isinstance(value, float) and not math.isfinite(value):
         raise YAMLBodyError(f"request body has the number {event.value!r}: not a finite double")
