@@ -16,21 +16,25 @@ import asyncio
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gatekeeper.audit import build_event
+from gatekeeper.filtering import DROPPED
 from gatekeeper.flow import Flow
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.policy import Decision
 from gatekeeper.proxy import GATEKEEPER, Gatekeeper
 from gatekeeper.status import status_body
 
-__all__ = ["CALLER_ANNOTATION", "ConnectionGuard", "GuardedRunner"]
+__all__ = ["CALLER_ANNOTATION", "ConnectionGuard", "GuardedRunner", "IsolationCollector"]
 
 log = logging.getLogger("gatekeeper.connections")
 
@@ -245,3 +249,47 @@ class GuardedRunner(web.AppRunner):
         server.__class__ = _GuardedServer
         server.handler_class = handler  # type: ignore[attr-defined]
         return server
+
+
+class IsolationCollector(Collector):
+    """``/metrics`` for what no audit event counts: connections refused or cut, objects
+    dropped from filtered answers, open connections per caller."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self._guard = guard
+
+    def collect(self) -> Iterator[Any]:
+        guard = self._guard
+        refused = CounterMetricFamily(
+            "dra_gatekeeper_connections_refused",
+            "Connections answered 429 and closed at once (over a connection cap), by caller.",
+            labels=["caller"],
+        )
+        for caller, count in guard.refused.items():
+            refused.add_metric([caller], float(count))
+        yield refused
+        cut = CounterMetricFamily(
+            "dra_gatekeeper_header_timeouts",
+            "Connections closed because a request's headers did not arrive in time.",
+        )
+        cut.add_metric([], float(guard.header_timeouts))
+        yield cut
+        malformed = CounterMetricFamily(
+            "dra_gatekeeper_malformed_requests",
+            "Requests aiohttp could not parse (answered with a Status and audited).",
+        )
+        malformed.add_metric([], float(guard.malformed))
+        yield malformed
+        dropped = CounterMetricFamily(
+            "dra_gatekeeper_unevaluable_objects_dropped",
+            "Objects left out of filtered answers because they could not be evaluated.",
+        )
+        dropped.add_metric([], float(DROPPED.value))
+        yield dropped
+        open_ = GaugeMetricFamily(
+            "dra_gatekeeper_connections_open", "Open driver connections, by caller.",
+            labels=["caller"],
+        )  # fmt: skip
+        for caller, count in guard.open.items():
+            open_.add_metric([caller], float(count))
+        yield open_

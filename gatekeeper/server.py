@@ -21,7 +21,7 @@ from aiohttp import web
 from gatekeeper import __version__
 from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.config import AuditSettings, ServeConfig
-from gatekeeper.connections import GuardedRunner
+from gatekeeper.connections import GuardedRunner, IsolationCollector
 from gatekeeper.drain import InFlight
 from gatekeeper.errors import ConfigError, Refusal
 from gatekeeper.expiry import CertificateExpiry
@@ -228,6 +228,7 @@ class GatekeeperServer:
         )
         await runner.setup()
         self._runners.append(runner)
+        self.metrics.registry.register(IsolationCollector(runner.guard))
         health_runner: web.AppRunner | None = None
         for listener in self._listeners:
             if listener.role == "health":

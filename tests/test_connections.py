@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gatekeeper.limits import Limits
@@ -119,3 +120,25 @@ async def test_malformed_requests_are_a_status_and_an_event(
     (event,) = sink.by_id(answer.headers["audit-id"])
     assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
     assert event["responseStatus"]["code"] == 400
+
+
+async def test_metrics_count_what_no_event_counts(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    limits = Limits(connections_per_driver=2, header_timeout=0.3)
+    async with running_gatekeeper(
+        apiserver, policy, pki, limits=limits, health_listen=("127.0.0.1", 0)
+    ) as running:
+        held = await _open(running.socket_path(GPU), 2)
+        refused = await send_raw(running.socket_path(GPU), build_request("GET", "/version"))
+        assert refused.status == 429
+        for writer in held:
+            writer.close()
+        bad = await send_raw(running.socket_path(NIC), b"GET /version HTTP/1.1\r\nX: a\0b\r\n\r\n")
+        assert bad.status == 400
+        url = f"http://127.0.0.1:{running.server.health_port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            text = await response.text()
+    assert f'dra_gatekeeper_connections_refused_total{{caller="{GPU}"}} 1.0' in text
+    assert "dra_gatekeeper_malformed_requests_total 1.0" in text
+    assert "dra_gatekeeper_unevaluable_objects_dropped_total" in text
