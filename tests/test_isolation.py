@@ -133,3 +133,28 @@ async def test_waiting_for_a_request_connection_is_bounded(
         await stack.enter_async_context(holding(gpu, 2, **pinned(GPU, **FUTURE)))
         async with gpu.get(SLICES, params=pinned(GPU)) as waited:
             assert waited.status == 503 and waited.headers["Retry-After"] == "1"
+
+
+async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_far(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """A fault after the decision (here: while forwarding) is a 500 Status, not aiohttp's
+    text/plain; the event keeps the decision reached (allow) and names the error."""
+    sink = MemorySink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
+        upstream = gk.server.gatekeeper.upstream
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug")
+
+        upstream.stream = broken  # type: ignore[method-assign]
+        async with gk.unix_session(GPU) as gpu, gpu.get(SLICES, params=pinned(GPU)) as answer:
+            assert answer.status == 500
+            assert answer.headers["Content-Type"].startswith("application/json")
+            status = await answer.json()
+            audit_id = answer.headers["Audit-Id"]
+    assert status["kind"] == "Status" and audit_id in status["message"]
+    (event,) = sink.by_id(audit_id)
+    assert event["responseStatus"]["code"] == 500
+    assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert event["annotations"]["dra-gatekeeper.io/error"] == "internal error: RuntimeError"
