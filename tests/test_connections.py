@@ -142,3 +142,42 @@ async def test_metrics_count_what_no_event_counts(
     assert f'dra_gatekeeper_connections_refused_total{{caller="{GPU}"}} 1.0' in text
     assert "dra_gatekeeper_malformed_requests_total 1.0" in text
     assert "dra_gatekeeper_unevaluable_objects_dropped_total" in text
+
+
+async def test_a_body_that_never_completes_is_408(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    limits = Limits(body_timeout=0.3)
+    sink = MemorySink()
+    async with running_gatekeeper(
+        apiserver, policy, pki, limits=limits, audit_sink=sink
+    ) as running:
+        head = (
+            "POST /apis/resource.k8s.io/v1/resourceslices HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
+        writer.write(head.encode() + b'{"apiVersion":')  # and never the rest
+        answer = await asyncio.wait_for(reader.read(65536), timeout=20)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"did not arrive within 0.3 seconds" in answer
+    assert apiserver.journal == []
+
+
+async def test_the_issues_300_half_open_connections(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """The finding as reported: 300 half-open connections from one driver, default limits.
+    The driver keeps 128 (its cap, until the header timeout), the rest are refused at once,
+    and the other driver is answered."""
+    async with running_gatekeeper(apiserver, policy, pki) as running:
+        held = await _open(running.socket_path(GPU), 300, b"GET /version HTTP/1.1\r\nHo")
+        try:
+            guard = running.server._runners[0].guard  # type: ignore[attr-defined]
+            assert guard.open[GPU] == 128 and guard.refused[GPU] == 300 - 128
+            other = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
+            assert other.status == 200
+        finally:
+            for writer in held:
+                writer.close()
