@@ -57,7 +57,7 @@ def _claim(status_devices: bool = False) -> dict[str, Any]:
     return obj
 
 
-def _pool(name: str = f"{NODE}-pool") -> dict[str, Any]:
+def _pool(name: str = NODE) -> dict[str, Any]:
     return {
         "apiVersion": "devmgmtproto.k8s.io/v1alpha1",
         "kind": "DevicePool",

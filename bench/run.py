@@ -226,7 +226,7 @@ def _parse_wrk(text: str) -> dict[str, float]:
     return result
 
 
-def run(profile: Profile, log: Any = print) -> dict[str, Any]:
+def run(profile: Profile, log: Any = print, partial: Path | None = None) -> dict[str, Any]:
     """Everything, in one run; the results as plain data (also what ``--json`` writes)."""
     from bench.audit_bench import bench_writer
     from bench.engine_bench import measure_engine
@@ -242,6 +242,8 @@ def run(profile: Profile, log: Any = print) -> dict[str, Any]:
             w: {c: {t: asdict(cell) for t, cell in row.items()} for c, row in by_c.items()}
             for w, by_c in throughput(stack, profile, log).items()
         }
+        if partial is not None:  # the matrix is the long part: keep it whatever follows
+            partial.write_text(json.dumps(report, indent=1))
         report["wrk_direct"] = wrk_check(stack.targets["direct"], profile)
         if not profile.extras:
             report["machine_after"] = machine()
@@ -304,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         profile.compare = tuple(args.compare.split(","))
     profile.wrk = profile.wrk and not args.no_wrk
     profile.extras = not args.throughput_only
-    report = run(profile, log=lambda line: print(line, file=sys.stderr, flush=True))
+    report = run(
+        profile,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+        partial=Path(args.json) if args.json else None,
+    )
     print(render(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
