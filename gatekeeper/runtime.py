@@ -39,6 +39,6 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
     factory = loop_factory()
-    log.info("event loop=%s", "uvloop" if factory is not None else "asyncio")
+    log.debug("event loop=%s", "uvloop" if factory is not None else "asyncio")
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
