@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from gatekeeper.audit import JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
+from gatekeeper.policytest import add_test_parser
 from gatekeeper.server import GatekeeperServer
 from gatekeeper.upstream import Upstream
 
@@ -70,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--health-listen", help="HOST:PORT for /healthz and /readyz")
     commands.add_parser("demo", help="embedded API server + gatekeeper, ready to try")
+    add_test_parser(commands)
     for name, text in (
         ("certs", "create a CA and issue driver/server certificates"),
         ("audit", "summarize, check or generate a policy from audit logs"),
@@ -99,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if namespace.command == "serve":
             return _serve(namespace)
+        if namespace.command == "test":
+            return int(namespace.run(namespace))
         from gatekeeper.demo import run_demo
 
         return run_demo()
