@@ -192,7 +192,7 @@ class Harness:
         for obj, line in case.existing:
             try:
                 server.add(obj)
-            except (ValueError, KeyError, TypeError) as exc:
+            except Exception as exc:  # the server refuses the object: the test file is wrong
                 raise MalformedTest(
                     self.file.path, line, str(exc), case=case.name, key="existing"
                 ) from exc

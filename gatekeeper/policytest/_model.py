@@ -152,6 +152,8 @@ class _Checker:
         if not isinstance(value, LineDict):
             raise self.fail(line, key, "must be a mapping")
         for name in value:
+            if key == "" and isinstance(name, str) and name.startswith("x-"):
+                continue  # extension keys: a place for YAML anchors, ignored
             if name not in allowed:
                 known = ", ".join(sorted(allowed))
                 raise self.fail(

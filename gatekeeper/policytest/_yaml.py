@@ -50,16 +50,22 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
-    loader.flatten_mapping(node)
+    written: set[Any] = set()
+    for key_node, _ in node.value:  # keys written here, before merges (``<<``) are expanded
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if key in written:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        written.add(key)
+    loader.flatten_mapping(node)  # merged keys first: the keys written here override them
     out = LineDict()
     out.line = node.start_mark.line + 1
     out.key_lines = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if key in out.key_lines:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
         out.key_lines[key] = key_node.start_mark.line + 1
         out[key] = loader.construct_object(value_node, deep=True)
     return out
