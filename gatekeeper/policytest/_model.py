@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from gatekeeper.errors import ConfigError
@@ -102,6 +102,8 @@ class Expectation:
 
 @dataclass(frozen=True, slots=True)
 class TestCase:
+    __test__: ClassVar[bool] = False  # not a pytest class
+
     name: str
     line: int
     driver: str
@@ -113,6 +115,8 @@ class TestCase:
 
 @dataclass(frozen=True, slots=True)
 class TestFile:
+    __test__: ClassVar[bool] = False  # not a pytest class
+
     path: str
     policy_path: str
     policy: Policy
