@@ -39,7 +39,6 @@ _REQUEST_KEYS = {"method", "path", "query", "headers", "body"}
 _EXPECT_KEYS = {"allowed", "code", "reason", "message", "forwarded"}
 _FORWARDED_KEYS = {"method", "path", "query", "headers", "body"}
 _METHOD = re.compile(r"^[A-Z]+$")
-_PATCH_TYPES = {dict: "application/merge-patch+json", list: "application/json-patch+json"}
 
 
 class MalformedTest(Exception):
@@ -298,8 +297,11 @@ def _request(check: _Checker, raw: Any, line: int) -> RequestSpec:
         value = request["body"]
         body = value.encode() if isinstance(value, str) else json.dumps(plain(value)).encode()
         if not any(name.lower() == "content-type" for name in headers):
-            default = _PATCH_TYPES.get(type(plain(value)), "") if method == "PATCH" else ""
-            headers["Content-Type"] = default or "application/json"
+            headers["Content-Type"] = "application/json"
+            if method == "PATCH" and isinstance(value, dict):
+                headers["Content-Type"] = "application/merge-patch+json"
+            elif method == "PATCH" and isinstance(value, list):
+                headers["Content-Type"] = "application/json-patch+json"
     return RequestSpec(method, target, tuple(headers.items()), body)
 
 
