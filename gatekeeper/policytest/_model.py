@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.names import is_driver_name
+from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policytest._yaml import LineDict, LineList, YamlError, load_yaml, plain
 
@@ -217,6 +217,8 @@ def load_test_file(path: str) -> TestFile:
         if key not in top:
             raise check.fail(top.line or 1, key, "is required")
     node = check.string(top, "node", "node")
+    if not is_dns_subdomain(node):
+        raise check.fail(top.key_line("node"), "node", f'"{node}" is not a valid node name')
     labels = check.string_map(
         top.get("nodeLabels", LineDict()), "nodeLabels", top.key_line("nodeLabels")
     )
@@ -264,6 +266,8 @@ def _case(check: _Checker, raw: Any, line: int) -> TestCase:
             raise check.fail(case.line, key, "is required")
     name = check.string(case, "name", "name")
     driver = check.string(case, "driver", "driver")
+    if not is_driver_name(driver):
+        raise check.fail(case.key_line("driver"), "driver", f'"{driver}" is not a driver name')
     request = _request(check, case["request"], case.key_line("request"))
     existing = _existing(check, case.get("existing", []), case.key_line("existing"))
     expect = _expectation(check, case["expect"], case.key_line("expect"))
