@@ -85,8 +85,7 @@ def test_newly_allowed_names_its_reason_once(
     (line,) = [line for line in out.splitlines() if "->" in line]
     assert line.startswith("FORBID -> ALLOW")
     assert "(allowed: discovery and version paths are open to drivers)" in line
-    words = line.split()
-    assert all(a != b for a, b in itertools.pairwise(words)), line
+    assert repeated_words(line) == []
 
 
 def test_an_impersonating_request_in_a_kube_apiserver_log_would_be_refused(
@@ -114,3 +113,30 @@ def test_an_empty_or_unmapped_log_exits_3_unless_allowed(
     empty = tmp_path / "empty.log"
     empty.write_text("")
     assert run(capsys, "check", str(empty))[0] == 3
+
+
+def repeated_words(text: str) -> list[str]:
+    """Lines where a word (not a count) follows itself, like "allowed: allowed: discovery"."""
+    out = []
+    for line in text.splitlines():
+        words = [word.strip("()[]:,.\"") for word in line.split()]
+        if any(a == b and a and not a.isdigit() for a, b in itertools.pairwise(words)):
+            out.append(line)
+    return out
+
+
+async def test_summarize_and_check_never_repeat_a_word(
+    audited: Audited, apiserver: APIServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = await record_run(audited, apiserver)
+    code, table, _ = run(capsys, "summarize", str(log))
+    assert code == 0 and repeated_words(table) == []
+    loose = tmp_path / "loose.yaml"  # no pool rule: the refused create becomes allowed
+    loose.write_text(
+        (Path(__file__).parents[2] / "policies" / "default.yaml")
+        .read_text()
+        .replace("        pool: spec.pool.name\n", "")
+    )
+    code, out, _ = run(capsys, "check", "--policy", str(loose), str(log))
+    assert "FORBID -> ALLOW" in out and "(allowed: " in out
+    assert repeated_words(out) == []
