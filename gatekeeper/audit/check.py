@@ -16,6 +16,7 @@ from gatekeeper.audit.replay import BASES, ObjectMemory, method_of
 from gatekeeper.errors import Refusal
 from gatekeeper.identity import Identity
 from gatekeeper.policy import Decision, Engine, Policy
+from gatekeeper.policy.decision import deny
 from gatekeeper.requestinfo import parse_request
 
 __all__ = ["Change", "CheckReport", "check_records", "format_report"]
@@ -37,9 +38,7 @@ _UNRECORDED = (
     (re.compile(r"^connection upgrades"), "refused for a connection upgrade (not in the log)"),
 )
 _NOT_ON_NODE = "is not allowed on node"
-_IMPERSONATION = Decision(
-    False, "header Impersonate-User is not allowed", 403, "header Impersonate-User is not allowed"
-)
+_IMPERSONATION = deny(403, "header Impersonate-User is not allowed")
 
 
 @dataclass(frozen=True, slots=True)
