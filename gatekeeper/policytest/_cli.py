@@ -7,6 +7,7 @@ names the file, line, case and key), no test files found, or no case matched ``-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -21,6 +22,7 @@ from gatekeeper.policytest._report import (
     run_json,
     summary_line,
     write_junit,
+    write_junit_error,
 )
 from gatekeeper.policytest._runner import CaseResult, load_files, run_files
 
@@ -84,6 +86,9 @@ def run_test(ns: argparse.Namespace) -> int:
             return _fail(f"no case matches --run {ns.run_regex!r}", ns.output)
         run = run_files(files, select, _printer(ns.output, ns.quiet))
     except MalformedTest as exc:
+        if ns.junit_xml:
+            with contextlib.suppress(OSError):  # the one-line error below is what counts
+                write_junit_error(exc, ns.junit_xml)
         return _fail(str(exc), ns.output, exc)
     if ns.junit_xml:
         try:

@@ -22,6 +22,7 @@ __all__ = [
     "run_json",
     "summary_line",
     "write_junit",
+    "write_junit_error",
 ]
 
 
@@ -157,6 +158,24 @@ def write_junit(run: RunResult, path: str) -> None:
                     type="PolicyTestFailure",
                 )
                 failure.text = "\n".join(diff_lines(result))
+    ET.indent(root)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_junit_error(error: MalformedTest, path: str) -> None:
+    """JUnit XML for a run stopped by a malformed file: one test case in error, at its line."""
+    root = ET.Element("testsuites", name="dra-gatekeeper test", tests="1", failures="0")
+    root.set("errors", "1")
+    suite = ET.SubElement(root, "testsuite", name=error.path, tests="1", failures="0", errors="1")
+    case = ET.SubElement(
+        suite,
+        "testcase",
+        classname=error.path,
+        name=error.case or "(test file)",
+        file=error.path,
+        line=str(error.line),
+    )
+    ET.SubElement(case, "error", message=str(error), type="MalformedTest")
     ET.indent(root)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 

@@ -276,3 +276,18 @@ def test_cases_are_independent_the_store_is_reset(
     write_suite(tmp_path, create + again)
     code, out, _ = run(capsys, str(tmp_path))
     assert (code, out[-1]) == (0, "4 passed, 0 failed")  # the second create finds no conflict
+
+
+def test_a_malformed_file_still_leaves_a_junit_report_in_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = write_suite(tmp_path, WRONG.replace("code: 200", "code: 9000"))
+    report = tmp_path / "report.xml"
+    code, _, _ = run(capsys, str(suite), "--junit-xml", str(report))
+    assert code == 2
+    root = ET.parse(report).getroot()
+    assert (root.get("tests"), root.get("errors")) == ("1", "1")
+    (case,) = root.iter("testcase")
+    assert case.get("line") == str(line_of(suite, "9000"))
+    error = case.find("error")
+    assert error is not None and "expect.code" in (error.get("message") or "")
