@@ -1,6 +1,6 @@
 """``dra-gatekeeper test``: policy test files run through the real gatekeeper (DESIGN §4.8)."""
 
-from gatekeeper.policytest._cli import add_test_parser, run_test
+from gatekeeper.policytest._cli import add_test_parser, run_test, run_test_command
 from gatekeeper.policytest._compare import Mismatch, compare
 from gatekeeper.policytest._harness import Forwarded, Harness, Outcome
 from gatekeeper.policytest._model import (
@@ -37,4 +37,5 @@ __all__ = [
     "load_test_file",
     "run_files",
     "run_test",
+    "run_test_command",
 ]

@@ -11,8 +11,8 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from gatekeeper.policytest._model import TEST_FILE_SUFFIX, MalformedTest, discover
 from gatekeeper.policytest._report import (
@@ -26,19 +26,45 @@ from gatekeeper.policytest._report import (
 )
 from gatekeeper.policytest._runner import CaseResult, load_files, run_files
 
-__all__ = ["add_test_parser", "run_test"]
+__all__ = ["add_test_parser", "run_test", "run_test_command"]
 
 _PROG = "dra-gatekeeper test"
+
+
+_HELP = "run policy test files (*_test.yaml) through a real gatekeeper"
+_DESCRIPTION = (
+    f"Run every *{TEST_FILE_SUFFIX} under the given paths through the gatekeeper's real "
+    "pipeline in front of the embedded API server."
+)
 
 
 def add_test_parser(commands: Any) -> argparse.ArgumentParser:
     """Register ``test`` on the top-level subparsers; the parsed namespace's ``run`` runs it."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "test",
-        help="run policy test files (*_test.yaml) through a real gatekeeper",
-        description=f"Run every *{TEST_FILE_SUFFIX} under the given paths through the "
-        "gatekeeper's real pipeline in front of the embedded API server.",
+        "test", help=_HELP, description=_DESCRIPTION
     )
+    _add_arguments(parser)
+    parser.set_defaults(run=run_test)
+    return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{_PROG}: {message}\n")
+
+
+def run_test_command(args: Sequence[str]) -> int:
+    """``dra-gatekeeper test ARGS`` with its own parser (for a command table); the exit code."""
+    parser = _Parser(prog=_PROG, description=_DESCRIPTION)
+    _add_arguments(parser)
+    try:
+        ns = parser.parse_args(list(args))
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return int(exc.code or 0)
+    return run_test(ns)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths",
         nargs="*",
@@ -60,8 +86,6 @@ def add_test_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="print only failures and the closing line"
     )
-    parser.set_defaults(run=run_test)
-    return parser
 
 
 def _fail(message: str, output: str, error: MalformedTest | None = None) -> int:

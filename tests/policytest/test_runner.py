@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.cli import main
+from gatekeeper.policytest import run_test_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -291,3 +292,13 @@ def test_a_malformed_file_still_leaves_a_junit_report_in_error(
     assert case.get("line") == str(line_of(suite, "9000"))
     error = case.find("error")
     assert error is not None and "expect.code" in (error.get("message") or "")
+
+
+def test_the_standalone_entry_point_runs_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = write_suite(tmp_path, PASSING + WRONG)
+    assert run_test_command([str(suite), "-q"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 1 failed"
+    assert run_test_command(["--frobnicate"]) == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
