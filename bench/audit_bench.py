@@ -28,11 +28,11 @@ from gatekeeper.audit import AuditLevel, AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.audit.check import check_records
 from gatekeeper.audit.reader import ReadStats, iter_events, iter_records
 from gatekeeper.audit.summarize import summarize
+from gatekeeper.config import AuditSettings, ServeConfig
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, served_kinds
-from gatekeeper.upstream import Upstream
 
 GPU, NIC, NODE, TOKEN = "gpu.example.com", "nic.example.com", "node-a", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -105,14 +105,14 @@ async def bench_proxy(
     upstream = APIServer(served_kinds(policy), token=TOKEN)
     await upstream.start()
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-bench-", dir=directory))
-    server = GatekeeperServer(
-        policy=policy,
+    config = ServeConfig(
         node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=upstream.url, token=TOKEN)),
-        audit=audit,
-        audit_level=AuditLevel.METADATA,
+        policy=policy,
+        upstream=UpstreamConfig(server=upstream.url, token=TOKEN),
         socket_dir=socket_dir,
+        audit=AuditSettings(level=AuditLevel.METADATA),
     )
+    server = GatekeeperServer(config, audit=audit)
     await server.start()
     connector = aiohttp.UnixConnector(path=str(socket_path(socket_dir, GPU)), limit=concurrency)
     try:

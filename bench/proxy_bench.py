@@ -17,13 +17,13 @@ from pathlib import Path
 
 import aiohttp
 
+from gatekeeper.config import ServeConfig
 from gatekeeper.identity import Identity
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.requestinfo import parse_request
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
 
 NODE, DRIVER, TOKEN = "node-a", "gpu.example.com", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -76,10 +76,12 @@ async def main(total: int, concurrency: int) -> None:
         api.add(slice_body(f"{NODE}-seed-{i}"))
     sockets = Path(tempfile.mkdtemp(prefix="gk-bench-"))
     server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=api.url, token=TOKEN)),
-        socket_dir=sockets,
+        ServeConfig(
+            node_name=NODE,
+            policy=policy,
+            upstream=UpstreamConfig(server=api.url, token=TOKEN),
+            socket_dir=sockets,
+        )
     )
     await server.start()
     direct = aiohttp.ClientSession(api.url, headers={"Authorization": f"Bearer {TOKEN}"})

@@ -28,8 +28,10 @@ from gatekeeper.names import is_driver_name
 
 __all__ = [
     "IssuedCert",
+    "certificate_expiry",
     "client_cert_common_name",
     "create_ca",
+    "describe_certificate",
     "issue_client_cert",
     "issue_server_cert",
     "load_ca",
@@ -240,6 +242,55 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def _load_pem_file(path: str | Path) -> x509.Certificate:
+    data = _read(Path(path))
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError:
+        raise ConfigError(f"{path}: not a PEM certificate") from None
+
+
+def certificate_expiry(path: str | Path) -> datetime.datetime:
+    """When the (first) certificate in the PEM file ``path`` expires; ConfigError if unreadable."""
+    return _load_pem_file(path).not_valid_after_utc
+
+
+def describe_certificate(path: str | Path, *, now: datetime.datetime | None = None) -> str:
+    """``certs show``: the subject CN (the driver, for a client cert), role, issuer, validity."""
+    cert = _load_pem_file(path)
+    now = now or datetime.datetime.now(datetime.UTC)
+    cn = _cn_from_der(cert.public_bytes(serialization.Encoding.DER)) or "-"
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usages = x509.ExtendedKeyUsage([])
+    if is_ca:
+        role = "CA"
+    elif ExtendedKeyUsageOID.CLIENT_AUTH in usages:
+        role = "client (driver)"
+    elif ExtendedKeyUsageOID.SERVER_AUTH in usages:
+        role = "server"
+    else:
+        role = "other"
+    expiry = cert.not_valid_after_utc
+    days = (expiry - now).total_seconds() / 86400
+    left = f"expires in {days:.0f} days" if days >= 0 else f"EXPIRED {-days:.0f} days ago"
+    lines = [
+        f"file:       {path}",
+        f"subject CN: {cn}" + (f"  (driver {cn})" if role == "client (driver)" else ""),
+        f"role:       {role}",
+        f"issuer:     {cert.issuer.rfc4514_string()}",
+        f"not before: {cert.not_valid_before_utc.isoformat()}",
+        f"not after:  {expiry.isoformat()}  ({left})",
+        f"serial:     {cert.serial_number:x}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # --- peer identity ---------------------------------------------------------------------------
 
 
@@ -299,6 +350,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="IP or DNS SAN, repeatable (default: 127.0.0.1 ::1 localhost)",
     )
+    show = sub.add_parser("show", help="print a certificate's driver (CN), role and expiry")
+    show.add_argument("file", type=Path, help="a PEM certificate")
     for p in (client, server):
         p.add_argument("--ca-dir", required=True, type=Path, help="directory with ca.crt, ca.key")
     for p in (ca, client, server):
@@ -312,6 +365,9 @@ def run_certs_command(args: Sequence[str]) -> int:
     """Run ``dra-gatekeeper certs ARGS``; 0 on success, 2 with one stderr line on bad input."""
     try:
         ns = _parser().parse_args(list(args))
+        if ns.action == "show":
+            sys.stdout.write(describe_certificate(ns.file))
+            return 0
         for path in _issue_from_args(ns):
             print(f"wrote {path}")
     except SystemExit as exc:  # --help

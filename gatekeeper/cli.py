@@ -1,25 +1,45 @@
-"""The ``dra-gatekeeper`` command line: serve, demo, certs, audit."""
+"""The ``dra-gatekeeper`` command line: one entry per subcommand, each in its own module."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from gatekeeper.audit import JsonLinesWriter, NullSink
+from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
-from gatekeeper.policytest import add_test_parser
-from gatekeeper.server import GatekeeperServer
-from gatekeeper.upstream import Upstream
 
-__all__ = ["main", "run_until_signal"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 log = logging.getLogger("gatekeeper")
+
+_DESCRIPTION = (
+    "A per-node authorization proxy between Kubernetes DRA drivers and the kube-apiserver. "
+    "Run 'dra-gatekeeper COMMAND --help' for a command's flags."
+)
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("gatekeeper.demo:run_demo_command", "embedded API server + gatekeeper, ready to try"),
+    "certs": (
+        "gatekeeper.certs:run_certs_command",
+        "create a CA, issue driver/server certificates, show one",
+    ),
+    "audit": (
+        "gatekeeper.audit.cli:run_audit_command",
+        "summarize, check or generate a policy from audit logs",
+    ),
+    "policy": ("gatekeeper.rbac:run_policy_command", "what a policy needs: its RBAC ClusterRole"),
+    "test": (
+        "gatekeeper.policytest:run_test_command",
+        "run policy test files (*_test.yaml) through a real gatekeeper",
+    ),
+}
+"""Subcommands other than ``serve``: name → ("module:function(args) -> exit code", help)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,59 +47,113 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"dra-gatekeeper: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dra-gatekeeper", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    serve = commands.add_parser("serve", help="run the gatekeeper on this node")
-    serve.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
-    serve.add_argument("--policy", help="policy file (default: the packaged default policy)")
-    serve.add_argument(
-        "--driver", action="append", default=[], help="allow this driver (repeatable)"
+def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    add = serve.add_argument
+    add("--node-name", metavar="NAME", help="this node's name (default: env NODE_NAME)")
+    add(
+        "--policy",
+        metavar="FILE",
+        help="policy file, reloaded when it changes (default: the packaged policy)",
     )
-    serve.add_argument(
-        "--kubeconfig", help="kubeconfig with the node's credentials (or env KUBECONFIG)"
+    add(
+        "--driver",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="allow this driver (repeatable)",
     )
-    serve.add_argument(
+    add(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig with the node's credentials (or env KUBECONFIG)",
+    )
+    add(
         "--node-label",
         action="append",
         default=[],
+        metavar="KEY=VALUE",
         help="KEY=VALUE: a label of this node, for claims allocated by label (repeatable)",
     )
-    serve.add_argument("--upstream", help="override the API server URL from the kubeconfig")
-    serve.add_argument("--socket-dir", help="listen on DIR/<driver>/api.sock for each driver")
-    serve.add_argument("--listen", help="HOST:PORT for the mTLS listener (driver = client cert CN)")
-    serve.add_argument("--tls-cert-file")
-    serve.add_argument("--tls-key-file")
-    serve.add_argument("--client-ca-file")
-    serve.add_argument("--audit-log", help="audit log file, or - for stdout")
-    serve.add_argument(
+    add("--upstream", metavar="URL", help="override the API server URL from the kubeconfig")
+    add("--socket-dir", metavar="DIR", help="listen on DIR/<driver>/api.sock for each driver")
+    add(
+        "--listen",
+        metavar="HOST:PORT",
+        help="HOST:PORT for the mTLS listener (driver = client cert CN)",
+    )
+    add(
+        "--tls-cert-file",
+        metavar="FILE",
+        help="the mTLS listener's serving certificate (PEM), reloaded",
+    )
+    add(
+        "--tls-key-file",
+        metavar="FILE",
+        help="the serving certificate's private key (PEM), reloaded",
+    )
+    add(
+        "--client-ca-file",
+        metavar="FILE",
+        help="CA that signs driver client certificates (PEM), reloaded",
+    )
+    add("--audit-log", metavar="FILE", help="audit log file, or - for stdout")
+    add(
         "--audit-level",
         default="Metadata",
-        help="Metadata, Request or RequestResponse (default Metadata)",
+        metavar="LEVEL",
+        help="Metadata, Request or RequestResponse",
     )
-    serve.add_argument(
+    add(
         "--audit-log-maxsize",
         type=int,
         default=0,
+        metavar="MB",
         help="rotate the audit log at this many MB (default 0: never)",
     )
-    serve.add_argument(
+    add(
         "--audit-log-maxbackup",
         type=int,
         default=0,
-        help="rotated audit logs to keep (default 0: all)",
+        metavar="N",
+        help="rotated logs to keep (0: all)",
     )
-    serve.add_argument("--health-listen", help="HOST:PORT for /healthz and /readyz")
-    commands.add_parser("demo", help="embedded API server + gatekeeper, ready to try")
-    add_test_parser(commands)
-    for name, text in (
-        ("certs", "create a CA and issue driver/server certificates"),
-        ("audit", "summarize, check or generate a policy from audit logs"),
-    ):
+    add("--health-listen", metavar="HOST:PORT", help="HOST:PORT for /healthz, /readyz and /metrics")
+    add(
+        "--shutdown-grace-period",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, time in-flight requests get to finish (default 30)",
+    )
+    add(
+        "--cert-expiry-warning",
+        type=float,
+        default=30.0,
+        metavar="DAYS",
+        help="warn when the serving certificate or client CA expires within this (default 30)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser (``serve`` with its flags; other subcommands parse their own)."""
+    parser = _Parser(prog="dra-gatekeeper", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"dra-gatekeeper {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
+    _add_serve_arguments(commands.add_parser("serve", help="run the gatekeeper on this node"))
+    for name, (_, text) in COMMANDS.items():
         commands.add_parser(name, help=text, add_help=False).add_argument(
             "args", nargs=argparse.REMAINDER
         )
     return parser
+
+
+def _runner(name: str) -> Callable[[Sequence[str]], int]:
+    target = COMMANDS[name][0]
+    module, _, function = target.partition(":")
+    run: Callable[[Sequence[str]], int] = getattr(importlib.import_module(module), function)
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,23 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["certs"]:
-        from gatekeeper.certs import run_certs_command
-
-        return run_certs_command(args[1:])
-    if args[:1] == ["audit"]:
-        from gatekeeper.audit.cli import run_audit_command
-
-        return run_audit_command(args[1:])
-    namespace = _parser().parse_args(args)
+    if args[:1] and args[0] in COMMANDS:
+        return _runner(args[0])(args[1:])
+    namespace = build_parser().parse_args(args)
     try:
-        if namespace.command == "serve":
-            return _serve(namespace)
-        if namespace.command == "test":
-            return int(namespace.run(namespace))
-        from gatekeeper.demo import run_demo
-
-        return run_demo()
+        return _serve(namespace)
     except ConfigError as exc:
         print(f"dra-gatekeeper: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(ns: argparse.Namespace) -> int:
     from gatekeeper.config import build_serve_config
+    from gatekeeper.server import GatekeeperServer, run_until_signal
 
     config = build_serve_config(
         node_name=ns.node_name,
@@ -128,52 +191,13 @@ def _serve(ns: argparse.Namespace) -> int:
         client_ca_file=ns.client_ca_file,
         audit_log=ns.audit_log,
         audit_level=ns.audit_level,
+        audit_max_size_mb=ns.audit_log_maxsize,
+        audit_max_backups=ns.audit_log_maxbackup,
         health_listen=ns.health_listen,
+        shutdown_grace=ns.shutdown_grace_period,
+        cert_expiry_warning_days=ns.cert_expiry_warning,
         environ=os.environ,
     )
-    try:
-        audit = (
-            JsonLinesWriter(
-                config.audit_log,
-                max_size_mb=ns.audit_log_maxsize,
-                max_backups=ns.audit_log_maxbackup,
-            )
-            if config.audit_log
-            else NullSink()
-        )
-    except OSError as exc:
-        raise ConfigError(f"--audit-log {config.audit_log}: {exc.strerror}") from exc
-    server = GatekeeperServer(
-        policy=config.policy,
-        node_name=config.node_name,
-        node_labels=config.node_labels,
-        upstream=Upstream(config.upstream),
-        audit=audit,
-        audit_level=config.audit_level,
-        socket_dir=config.socket_dir,
-        listen=config.listen,
-        listen_ssl=config.listen_ssl,
-        health_listen=config.health_listen,
-    )
-    log.info(
-        "starting node=%s drivers=%s upstream=%s",
-        config.node_name,
-        ",".join(sorted(config.policy.drivers)),
-        config.upstream.server,
-    )
-    asyncio.run(run_until_signal(server.start, server.stop))
+    server = GatekeeperServer(config)
+    asyncio.run(run_until_signal(server.start, server.stop, server.reloader.reload))
     return 0
-
-
-async def run_until_signal(start, stop) -> None:  # type: ignore[no-untyped-def]
-    """Run ``start()``, wait for SIGINT/SIGTERM, then ``stop()`` (always)."""
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
-    try:
-        await start()
-        await stopping.wait()
-    finally:
-        await stop()
-        log.info("stopped")

@@ -1,44 +1,94 @@
-"""`serve` configuration: every flag, file and certificate checked before anything listens."""
+"""`serve` configuration: every setting in one frozen value, every flag and file checked.
+
+:func:`build_serve_config` turns the command line into a :class:`ServeConfig` or raises
+:class:`~gatekeeper.errors.ConfigError` (exit 2, one line) before anything listens; the server
+is then built from the config alone (:class:`gatekeeper.server.GatekeeperServer`).
+"""
 
 from __future__ import annotations
 
 import os
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatekeeper.audit import AuditLevel
 from gatekeeper.errors import ConfigError
-from gatekeeper.kubeconfig import UpstreamConfig, resolve_upstream
+from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context, resolve_upstream
 from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER
 from gatekeeper.selectors import check_label
+from gatekeeper.tls import ServerTLS, TLSFiles
 
 __all__ = [
+    "AuditSettings",
     "ServeConfig",
     "build_serve_config",
+    "check_socket_dir",
+    "load_serve_policy",
     "parse_host_port",
     "parse_node_labels",
     "server_ssl_context",
 ]
 
+_DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """``--audit-log`` (a file, ``-`` for stdout, None for none), level and rotation."""
+
+    path: str | None = None
+    level: AuditLevel = AuditLevel.METADATA
+    max_size_mb: int = 0
+    max_backups: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """A complete, checked configuration for ``dra-gatekeeper serve``."""
+    """A complete, checked configuration for ``dra-gatekeeper serve``.
+
+    Constructing it loads the upstream credentials (``tokens``, ``upstream_ssl``): a token
+    file or CA that cannot be read is a ConfigError here, not at the first request.
+    """
 
     node_name: str
-    node_labels: Mapping[str, str]
     policy: Policy
     upstream: UpstreamConfig
-    socket_dir: Path | None
-    listen: tuple[str, int] | None
-    listen_ssl: ssl.SSLContext | None
-    audit_log: str | None
-    audit_level: AuditLevel
-    health_listen: tuple[str, int] | None
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    policy_path: str | None = None
+    """The policy file, watched for changes; None for the packaged default."""
+    extra_drivers: frozenset[str] = frozenset()
+    """``--driver`` flags: added to the policy's drivers, also after a reload."""
+    socket_dir: Path | None = None
+    listen: tuple[str, int] | None = None
+    listen_tls: ServerTLS | None = None
+    health_listen: tuple[str, int] | None = None
+    audit: AuditSettings = AuditSettings()
+    shutdown_grace: float = 30.0
+    """Seconds in-flight requests get to finish after SIGTERM."""
+    reload_interval: float = 2.0
+    """Seconds between checks of the policy, token and TLS files for changes."""
+    readiness_cache: float = 3.0
+    """Seconds ``/readyz`` reuses the upstream's last answer."""
+    cert_expiry_warning: float = 30 * _DAY
+    """Warn (log and metric) when a certificate expires within this many seconds."""
+    tokens: TokenSource = field(init=False)
+    upstream_ssl: ssl.SSLContext | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.socket_dir is None and self.listen is None:
+            raise ConfigError(
+                "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
+            )
+        if self.listen is not None and self.listen_tls is None:
+            raise ConfigError(
+                "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
+            )
+        object.__setattr__(self, "tokens", TokenSource(self.upstream))
+        object.__setattr__(self, "upstream_ssl", build_ssl_context(self.upstream))
 
 
 def build_serve_config(
@@ -54,9 +104,13 @@ def build_serve_config(
     tls_cert_file: str | None,
     tls_key_file: str | None,
     client_ca_file: str | None,
-    audit_log: str | None,
-    audit_level: str,
+    audit_log: str | None = None,
+    audit_level: str = "Metadata",
+    audit_max_size_mb: int = 0,
+    audit_max_backups: int = 0,
     health_listen: str | None,
+    shutdown_grace: float = 30.0,
+    cert_expiry_warning_days: float = 30.0,
     environ: Mapping[str, str] = os.environ,
 ) -> ServeConfig:
     """Check everything ``serve`` was given; ConfigError (exit 2) on the first problem."""
@@ -68,12 +122,8 @@ def build_serve_config(
     for name in drivers:
         if name != ANY_DRIVER and not is_driver_name(name):
             raise ConfigError(f"--driver {name!r} is not a DNS subdomain driver name")
-    policy = load_policy(policy_path).with_drivers(frozenset(drivers))
-    if not policy.drivers:
-        raise ConfigError(
-            f"{policy.source}: no drivers are allowed on this node: list them under `drivers:` "
-            "or pass --driver NAME"
-        )
+    extra = frozenset(drivers)
+    policy = load_serve_policy(policy_path, extra)
     if socket_dir is None and listen is None:
         raise ConfigError(
             "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
@@ -86,24 +136,72 @@ def build_serve_config(
         raise ConfigError(
             f"--audit-level {audit_level!r} must be one of Metadata, Request, RequestResponse"
         ) from None
+    audit = AuditSettings(audit_log, level, audit_max_size_mb, audit_max_backups)
+    _check_audit(audit)
+    if shutdown_grace < 0:
+        raise ConfigError("--shutdown-grace-period must not be negative")
     return ServeConfig(
         node_name=node,
         node_labels=parse_node_labels(node_labels),
         policy=policy,
+        policy_path=policy_path,
+        extra_drivers=extra,
         upstream=resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ),
-        socket_dir=Path(socket_dir) if socket_dir is not None else None,
+        socket_dir=check_socket_dir(socket_dir) if socket_dir is not None else None,
         listen=parse_host_port(listen, "--listen") if listen is not None else None,
-        listen_ssl=(
+        listen_tls=(
             server_ssl_context(tls_cert_file, tls_key_file, client_ca_file)
             if listen is not None
             else None
         ),
-        audit_log=audit_log,
-        audit_level=level,
+        audit=audit,
         health_listen=(
             parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
         ),
+        shutdown_grace=shutdown_grace,
+        cert_expiry_warning=cert_expiry_warning_days * _DAY,
     )
+
+
+def load_serve_policy(path: str | None, extra_drivers: frozenset[str]) -> Policy:
+    """The policy file plus ``--driver`` names; ConfigError if it allows no driver."""
+    policy = load_policy(path).with_drivers(extra_drivers)
+    if not policy.drivers:
+        raise ConfigError(
+            f"{policy.source}: no drivers are allowed on this node: list them under `drivers:` "
+            "or pass --driver NAME"
+        )
+    return policy
+
+
+def _check_audit(audit: AuditSettings) -> None:
+    if audit.max_size_mb < 0:
+        raise ConfigError("--audit-log-maxsize must not be negative")
+    if audit.max_backups < 0:
+        raise ConfigError("--audit-log-maxbackup must not be negative")
+    if audit.path in (None, "-"):
+        return
+    directory = os.path.dirname(os.path.abspath(str(audit.path)))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--audit-log {audit.path}: directory {directory} does not exist")
+    if os.path.isdir(str(audit.path)):
+        raise ConfigError(f"--audit-log {audit.path}: is a directory")
+
+
+def check_socket_dir(value: str) -> Path:
+    """``--socket-dir``: a directory the gatekeeper can create sockets in (created if absent)."""
+    path = Path(value)
+    try:
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--socket-dir {value}: not a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"--socket-dir {value}: cannot create: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise ConfigError(f"--socket-dir {value}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--socket-dir {value}: not writable")
+    return path
 
 
 def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
@@ -126,6 +224,7 @@ def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
 
 
 def parse_host_port(value: str, flag: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); ConfigError naming ``flag``."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -135,23 +234,10 @@ def parse_host_port(value: str, flag: str) -> tuple[str, int]:
 
 def server_ssl_context(
     cert_file: str | None, key_file: str | None, client_ca_file: str | None
-) -> ssl.SSLContext:
+) -> ServerTLS:
     """The mTLS listener's context: a verified client certificate is required (DESIGN §4.2)."""
     if not (cert_file and key_file and client_ca_file):
         raise ConfigError(
             "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
         )
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # A presented certificate must verify (else the handshake fails); a missing one gets a 401
-    # Status from the identity step, which a driver author can read (DESIGN §4.2).
-    context.verify_mode = ssl.CERT_OPTIONAL
-    try:
-        context.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--tls-cert-file/--tls-key-file: cannot load: {exc}") from exc
-    try:
-        context.load_verify_locations(cafile=client_ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--client-ca-file {client_ca_file}: cannot load: {exc}") from exc
-    return context
+    return ServerTLS.load(TLSFiles(cert_file, key_file, client_ca_file))

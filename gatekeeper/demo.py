@@ -1,80 +1,202 @@
-"""`dra-gatekeeper demo`: the embedded API server and a gatekeeper in front of it, ready to try."""
+"""`dra-gatekeeper demo`: the embedded API server and a gatekeeper in front of it, ready to try.
+
+``--upstream-only`` runs the embedded API server alone (with a kubeconfig for it), for trying
+``dra-gatekeeper serve`` by hand. Five seconds after it is ready the demo publishes one more
+ResourceSlice of the demo driver, so the printed ``kubectl … -w`` shows a change.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import secrets
 import shutil
+import ssl
+import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 import yaml
 
-from gatekeeper.audit import JsonLinesWriter
-from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.cli import run_until_signal
-from gatekeeper.config import server_ssl_context
+from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.config import AuditSettings, ServeConfig, server_ssl_context
+from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.policy import load_policy
-from gatekeeper.server import GatekeeperServer, socket_path
+from gatekeeper.policy import Policy, load_policy
+from gatekeeper.server import GatekeeperServer, run_until_signal, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.upstream import Upstream
 
-__all__ = ["DEMO_DRIVER", "DEMO_NODE", "run_demo"]
+__all__ = ["CHANGE_AFTER_SECONDS", "DEMO_DRIVER", "DEMO_NODE", "run_demo_command"]
 
 DEMO_NODE = "demo-node"
 DEMO_DRIVER = "gpu.example.com"
+CHANGE_AFTER_SECONDS = 5.0
+"""When the demo publishes its extra slice, after READY (what the printed watch shows)."""
+_PROG = "dra-gatekeeper demo"
+_SELECTOR = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
 
 
-def run_demo() -> int:
-    asyncio.run(_demo())
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{_PROG}: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=_PROG, description="An embedded API server and a gatekeeper to try.")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        help="write certificates, kubeconfig, sockets and audit log here (kept on exit; "
+        "default: a temporary directory, removed on exit)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="loopback port of the mTLS listener (with --upstream-only: of the API server); "
+        "default: any free port",
+    )
+    parser.add_argument(
+        "--upstream-only",
+        action="store_true",
+        help="run only the embedded API server, to try `dra-gatekeeper serve` against it",
+    )
+    return parser
+
+
+def run_demo_command(args: Sequence[str]) -> int:
+    """Run ``dra-gatekeeper demo ARGS`` until Ctrl-C or SIGTERM."""
+    try:
+        ns = _parser().parse_args(list(args))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if not 0 <= ns.port <= 65535:
+        print(f"{_PROG}: --port {ns.port} is not a port", file=sys.stderr)
+        return 2
+    keep = ns.dir is not None
+    workdir: Path = ns.dir or Path(tempfile.mkdtemp(prefix="dra-gatekeeper-demo-"))
+    try:
+        workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        asyncio.run(
+            _upstream_only(workdir, ns.port)
+            if ns.upstream_only
+            else _demo(workdir, ns.port, keep=keep)
+        )
+    except ConfigError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{_PROG}: {exc.filename or workdir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"demo stopped; {'kept' if keep else 'removed'} {workdir}", flush=True)
     return 0
 
 
-async def _demo() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="dra-gatekeeper-demo-"))
-    policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
-    token = secrets.token_urlsafe(24)
-    api = APIServer(served_kinds(policy), token=token)
-    _seed(api)
-    ca = create_ca("dra-gatekeeper-demo-ca")
-    files = _write_pki(workdir, ca)
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=DEMO_NODE,
-        upstream=Upstream(UpstreamConfig(server="http://127.0.0.1:1", token=token)),
-        audit=JsonLinesWriter(str(workdir / "audit.log")),
-        socket_dir=workdir / "sockets",
-        listen=("127.0.0.1", 0),
-        listen_ssl=server_ssl_context(files["server.crt"], files["server.key"], files["ca.crt"]),
-    )
-
-    async def start() -> None:
-        url = await api.start()
-        server.upstream.config = UpstreamConfig(server=url, token=token)
-        await server.start()
-        kubeconfig = _write_kubeconfig(workdir, server.tls_port or 0, files)
-        _print_instructions(workdir, kubeconfig)
-
-    async def stop() -> None:
-        await server.stop()
-        await api.close()
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"demo stopped; removed {workdir}", flush=True)
-
-    await run_until_signal(start, stop)
-
-
-def _seed(api: APIServer) -> None:
+def _embedded_api(policy: Policy) -> APIServer:
+    api = APIServer(served_kinds(policy), token=secrets.token_urlsafe(24))
     for name, driver, node in (
         ("demo-node-gpu.example.com-0", DEMO_DRIVER, DEMO_NODE),
         ("demo-node-nic.example.com-0", "nic.example.com", DEMO_NODE),
         ("other-node-gpu.example.com-0", DEMO_DRIVER, "other-node"),
     ):
         api.add(resource_slice(name, driver=driver, node=node))
+    return api
 
 
-def _write_pki(workdir: Path, ca) -> dict[str, str]:  # type: ignore[no-untyped-def]
+async def _publish_later(api: APIServer) -> None:
+    await asyncio.sleep(CHANGE_AFTER_SECONDS)
+    name = f"{DEMO_NODE}-{DEMO_DRIVER}-1"
+    api.add(resource_slice(name, driver=DEMO_DRIVER, node=DEMO_NODE))
+    print(f"demo: published ResourceSlice {name} (the watch shows it)", flush=True)
+
+
+async def _demo(workdir: Path, port: int, *, keep: bool) -> None:
+    policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
+    api = _embedded_api(policy)
+    files = _write_pki(workdir, create_ca("dra-gatekeeper-demo-ca"))
+    url = await api.start()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        config = ServeConfig(
+            node_name=DEMO_NODE,
+            policy=policy,
+            upstream=UpstreamConfig(server=url, token=api.token),
+            socket_dir=workdir / "sockets",
+            listen=("127.0.0.1", port),
+            listen_tls=server_ssl_context(
+                files["server.crt"], files["server.key"], files["ca.crt"]
+            ),
+            audit=AuditSettings(path=str(workdir / "audit.log")),
+            shutdown_grace=5.0,
+        )
+        server = GatekeeperServer(config)
+
+        async def start() -> None:
+            await server.start()
+            kubeconfig = _write_kubeconfig(
+                workdir / f"{DEMO_DRIVER}.kubeconfig",
+                f"https://127.0.0.1:{server.tls_port}",
+                {"certificate-authority": files["ca.crt"]},
+                {
+                    "client-certificate": files[f"{DEMO_DRIVER}.crt"],
+                    "client-key": files[f"{DEMO_DRIVER}.key"],
+                },
+            )
+            _print_instructions(workdir, kubeconfig, keep=keep)
+            tasks.append(asyncio.ensure_future(_publish_later(api)))
+
+        await run_until_signal(start, server.stop, server.reloader.reload)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await api.close()
+
+
+async def _upstream_only(workdir: Path, port: int) -> None:
+    policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
+    api = _embedded_api(policy)
+
+    files = _write_pki(workdir, create_ca("dra-gatekeeper-demo-ca"))
+    # TLS, as a kube-apiserver: kubectl sends a bearer token only over https.
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(files["server.crt"], files["server.key"])
+
+    async def start() -> None:
+        url = await api.start(port=port, ssl_context=tls)
+        kubeconfig = _write_kubeconfig(
+            workdir / "upstream.kubeconfig",
+            url,
+            {"certificate-authority": files["ca.crt"]},
+            {"token": api.token},
+        )
+        print(
+            f"""
+The embedded API server is running at {url} (resource.k8s.io, devmgmtproto.k8s.io).
+A kubeconfig with its token (the node's credentials, for the gatekeeper):
+
+KUBECONFIG={kubeconfig}
+
+Try the gatekeeper in front of it, in another shell:
+  dra-gatekeeper serve --node-name {DEMO_NODE} --driver {DEMO_DRIVER} \\
+    --kubeconfig {kubeconfig} --socket-dir {workdir / "sockets"} \\
+    --health-listen 127.0.0.1:8081 --audit-log -
+  curl --unix-socket {socket_path(workdir / "sockets", DEMO_DRIVER)} \\
+    'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={_SELECTOR}'
+
+Ctrl-C stops it.
+READY""",
+            flush=True,
+        )
+
+    await run_until_signal(start, api.close)
+
+
+def _write_pki(workdir: Path, ca: IssuedCert) -> dict[str, str]:
     server = issue_server_cert(ca)
     client = issue_client_cert(ca, DEMO_DRIVER)
     pems = {
@@ -89,39 +211,25 @@ def _write_pki(workdir: Path, ca) -> dict[str, str]:  # type: ignore[no-untyped-
     return {name: str(workdir / name) for name in pems}
 
 
-def _write_kubeconfig(workdir: Path, port: int, files: dict[str, str]) -> Path:
+def _write_kubeconfig(
+    path: Path, server: str, cluster: dict[str, Any], user: dict[str, Any]
+) -> Path:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "gatekeeper",
-                "cluster": {
-                    "server": f"https://127.0.0.1:{port}",
-                    "certificate-authority": files["ca.crt"],
-                },
-            }
-        ],
-        "users": [
-            {
-                "name": DEMO_DRIVER,
-                "user": {
-                    "client-certificate": files[f"{DEMO_DRIVER}.crt"],
-                    "client-key": files[f"{DEMO_DRIVER}.key"],
-                },
-            }
-        ],
-        "contexts": [{"name": "demo", "context": {"cluster": "gatekeeper", "user": DEMO_DRIVER}}],
+        "clusters": [{"name": "demo", "cluster": {"server": server, **cluster}}],
+        "users": [{"name": "demo", "user": user}],
+        "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
         "current-context": "demo",
     }
-    path = workdir / f"{DEMO_DRIVER}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    write_pem(path, yaml.safe_dump(config).encode(), private=True)
     return path
 
 
-def _print_instructions(workdir: Path, kubeconfig: Path) -> None:
+def _print_instructions(workdir: Path, kubeconfig: Path, *, keep: bool) -> None:
     sock = socket_path(workdir / "sockets", DEMO_DRIVER)
-    selector = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
+    wait = f"{CHANGE_AFTER_SECONDS:.0f}"
+    cleanup = "" if keep else f" and removes {workdir}"
     print(
         f"""
 dra-gatekeeper demo is running: node "{DEMO_NODE}", driver "{DEMO_DRIVER}".
@@ -131,14 +239,15 @@ KUBECONFIG={kubeconfig}
 
 Try, in another shell:
   export KUBECONFIG={kubeconfig}
-  kubectl get resourceslices --field-selector {selector}     # allowed: the driver's own slices
+  kubectl get resourceslices --field-selector {_SELECTOR}     # allowed: the driver's own slices
+  kubectl get resourceslices --field-selector {_SELECTOR} -w  # a new one in {wait} s
   kubectl get resourceslices                                  # refused: cluster-wide list
   kubectl get secrets                                         # refused: not a DRA kind
   curl --unix-socket {sock} \\
-    'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={selector}'
+    'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={_SELECTOR}'
   tail -f {workdir / "audit.log"}                             # one audit event per request
 
-Ctrl-C stops everything and removes {workdir}.
+Ctrl-C stops everything{cleanup}.
 READY""",
         flush=True,
     )

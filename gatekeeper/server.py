@@ -1,21 +1,49 @@
-"""Listeners and lifecycle: per-driver Unix sockets, the mTLS port, and the health port."""
+"""The running gatekeeper, built from a :class:`~gatekeeper.config.ServeConfig` alone.
+
+``start()`` binds every socket first and only then listens, so a port in use or an unwritable
+socket directory is a ConfigError (exit 2) with nothing listening; ``stop()`` drains: stop
+accepting, end watches, let in-flight requests finish within the grace period, flush the audit,
+remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and reloads on SIGHUP.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-import ssl
-from collections.abc import Mapping
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from gatekeeper.audit import AuditLevel, AuditSink, NullSink
-from gatekeeper.policy import Engine, Policy
+from gatekeeper import __version__
+from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
+from gatekeeper.config import AuditSettings, ServeConfig
+from gatekeeper.drain import InFlight
+from gatekeeper.errors import ConfigError, Refusal
+from gatekeeper.expiry import CertificateExpiry
+from gatekeeper.health import Readiness, build_health_app, upstream_probe
+from gatekeeper.identity import identify
+from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
+from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
+from gatekeeper.reload import Reloader
+from gatekeeper.tls import PeerSocket
 from gatekeeper.upstream import Upstream
 
-__all__ = ["SOCKET_NAME", "GatekeeperServer", "socket_path"]
+__all__ = [
+    "SOCKET_NAME",
+    "GatekeeperServer",
+    "Listener",
+    "bind_listeners",
+    "open_audit",
+    "run_until_signal",
+    "socket_path",
+]
 
 log = logging.getLogger("gatekeeper.server")
 
@@ -29,105 +57,322 @@ def socket_path(socket_dir: Path, driver: str) -> Path:
     return socket_dir / driver / SOCKET_NAME
 
 
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A bound (not yet listening) socket: ``role`` is ``unix``, ``mtls`` or ``health``."""
+
+    role: str
+    sock: socket.socket
+    driver: str = ""
+    path: str = ""
+    """The Unix socket's file (kept: a closed socket no longer knows its name)."""
+
+    @property
+    def address(self) -> str:
+        """The socket path, or HOST:PORT (the bound port, also for port 0)."""
+        return _address(self.sock.getsockname())
+
+
+def _address(name: object) -> str:
+    if isinstance(name, str):
+        return name
+    assert isinstance(name, tuple)
+    host = f"[{name[0]}]" if ":" in str(name[0]) else name[0]
+    return f"{host}:{name[1]}"
+
+
+def bind_listeners(config: ServeConfig, drivers: list[str]) -> list[Listener]:
+    """Bind every socket ``config`` asks for, or none: ConfigError naming the flag.
+
+    Binding is the last check before listening (a port in use, a socket directory that cannot
+    hold sockets); nothing accepts a connection until every socket is bound.
+    """
+    bound: list[Listener] = []
+    try:
+        if config.socket_dir is not None:
+            for driver in drivers:
+                bound.append(_unix_listener(config.socket_dir, driver))
+        if config.listen is not None:
+            bound.append(Listener("mtls", _bind_tcp(*config.listen, "--listen")))
+        if config.health_listen is not None:
+            bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
+    except BaseException:
+        close_listeners(bound)
+        raise
+    return bound
+
+
+def close_listeners(listeners: list[Listener]) -> None:
+    """Close bound sockets and remove the Unix socket files."""
+    for listener in listeners:
+        if listener.role == "unix" and listener.path:
+            with contextlib.suppress(OSError):
+                os.unlink(listener.path)
+        listener.sock.close()
+
+
+def _unix_listener(socket_dir: Path, driver: str) -> Listener:
+    return Listener(
+        "unix", _bind_unix(socket_dir, driver), driver, str(socket_path(socket_dir, driver))
+    )
+
+
+def _bind_unix(socket_dir: Path, driver: str) -> socket.socket:
+    path = socket_path(socket_dir, driver)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        sock.bind(str(path))
+        os.chmod(path, 0o660)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"--socket-dir {socket_dir}: cannot create {path}: {_why(exc)}") from None
+    return sock
+
+
+def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{flag} {host}:{port}: cannot resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = PeerSocket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{flag} {host}:{port}: cannot listen: {_why(exc)}") from None
+    return sock
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def open_audit(settings: AuditSettings) -> AuditSink:
+    """The audit sink ``settings`` ask for; ConfigError if the file cannot be opened."""
+    if not settings.path:
+        return NullSink()
+    try:
+        return JsonLinesWriter(
+            settings.path, max_size_mb=settings.max_size_mb, max_backups=settings.max_backups
+        )
+    except OSError as exc:
+        raise ConfigError(f"--audit-log {settings.path}: {_why(exc)}") from None
+
+
 class GatekeeperServer:
-    """The running gatekeeper: start() binds every listener, stop() drains and closes."""
+    """The running gatekeeper: start() binds then listens, stop() drains and closes.
+
+    ``upstream`` and ``audit`` replace the ones the config describes (tests, benchmarks).
+    """
 
     def __init__(
         self,
+        config: ServeConfig,
         *,
-        policy: Policy,
-        node_name: str,
-        upstream: Upstream,
-        node_labels: Mapping[str, str] | None = None,
+        upstream: Upstream | None = None,
         audit: AuditSink | None = None,
-        audit_level: AuditLevel = AuditLevel.METADATA,
-        socket_dir: Path | None = None,
-        listen: tuple[str, int] | None = None,
-        listen_ssl: ssl.SSLContext | None = None,
-        health_listen: tuple[str, int] | None = None,
     ) -> None:
-        self.upstream = upstream
-        self.audit = audit or NullSink()
-        self.gatekeeper = Gatekeeper(
-            engine=Engine(policy, node_name, node_labels=dict(node_labels or {})),
-            upstream=upstream,
-            audit=self.audit,
-            audit_level=audit_level,
+        self.config = config
+        self.metrics = Metrics()
+        self.upstream_watches = UpstreamWatches()
+        sink = audit if audit is not None else open_audit(config.audit)
+        if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
+            self.metrics.watch_audit(sink)
+        self.audit: AuditSink = MeteredSink(sink, self.metrics)
+        self.upstream = upstream or Upstream(
+            config.upstream,
+            tokens=config.tokens,
+            ssl_context=config.upstream_ssl,
+            trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
         )
-        self._socket_dir = socket_dir
-        self._listen = listen
-        self._listen_ssl = listen_ssl
-        self._health_listen = health_listen
+        self.gatekeeper = Gatekeeper(
+            engine=Engine(config.policy, config.node_name, node_labels=dict(config.node_labels)),
+            upstream=self.upstream,
+            audit=self.audit,
+            audit_level=config.audit.level,
+        )
+        self.readiness = Readiness(
+            upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
+        )
+        self.expiry = CertificateExpiry(self.metrics, config.cert_expiry_warning)
+        self.reloader = Reloader(self)
+        if config.listen_tls is not None:
+            config.listen_tls.on_handshake_failure = self._handshake_failed
         self._runners: list[web.AppRunner] = []
+        self._listeners: list[Listener] = []
         self.tls_port: int | None = None
         self.health_port: int | None = None
-        self.ready = False
+        self.listening = False
+        self.in_flight = InFlight()
+
+    @property
+    def engine(self) -> Engine:
+        return self.gatekeeper.engine
 
     async def start(self) -> None:
+        """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
+        drivers = sorted(self.engine.policy.drivers)
+        self._listeners = bind_listeners(self.config, drivers)
         await self.upstream.start()
+        app = build_app(self.gatekeeper)
+        app.middlewares.append(self.in_flight.middleware)
+        app.middlewares.append(self.metrics.middleware(self._driver_of))
+        # In-flight requests are drained before the runner shuts down (InFlight.drain).
         runner = web.AppRunner(
-            build_app(self.gatekeeper), handler_cancellation=True, access_log=None
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
         )
         await runner.setup()
         self._runners.append(runner)
-        if self._socket_dir is not None:
-            await self._start_sockets(runner, self._socket_dir)
-        if self._listen is not None:
-            host, port = self._listen
-            site = web.TCPSite(runner, host, port, ssl_context=self._listen_ssl, backlog=_BACKLOG)
-            await site.start()
-            self.tls_port = _bound_port(site)
-            log.info("listening mtls=%s:%s", host, self.tls_port)
-        if self._health_listen is not None:
-            await self._start_health(*self._health_listen)
-        self.ready = True
+        health_runner: web.AppRunner | None = None
+        for listener in self._listeners:
+            if listener.role == "health":
+                health_runner = web.AppRunner(
+                    build_health_app(self.readiness, self.metrics),
+                    access_log=None,
+                    shutdown_timeout=1.0,
+                )
+                await health_runner.setup()
+                self._runners.append(health_runner)
+                await self._listen(health_runner, listener)
+            else:
+                await self._listen(runner, listener)
+        self.listening = True
+        self.reloader.start()
+        self._log_started()
+
+    async def _listen(self, runner: web.AppRunner, listener: Listener) -> None:
+        ssl_context = self.config.listen_tls if listener.role == "mtls" else None
+        site = web.SockSite(runner, listener.sock, ssl_context=ssl_context, backlog=_BACKLOG)
+        await site.start()
+        if listener.role == "unix":
+            # The accepted socket reports the listening path as its sockname: the identity.
+            self.gatekeeper.socket_drivers[listener.path] = listener.driver
+        elif listener.role == "mtls":
+            self.tls_port = int(listener.sock.getsockname()[1])
+        else:
+            self.health_port = int(listener.sock.getsockname()[1])
+
+    def _log_started(self) -> None:
+        config, policy = self.config, self.engine.policy
+        log.info(
+            "started version=%s node=%s drivers=%s policy=%s kinds=%s upstream=%s",
+            __version__,
+            config.node_name,
+            ",".join(sorted(policy.drivers)),
+            policy.source,
+            ",".join(sorted(spec.qualified for spec in policy.kinds.values())),
+            config.upstream.server,
+        )
+        for listener in self._listeners:
+            if listener.role == "unix":
+                log.info("listening driver=%s socket=%s", listener.driver, listener.path)
+            elif listener.role == "mtls":
+                log.info("listening mtls=%s", listener.address)
+            else:
+                log.info("listening health=%s paths=/healthz,/readyz,/metrics", listener.address)
 
     async def stop(self) -> None:
-        self.ready = False
+        """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
+        self.listening = False
+        await self.reloader.stop()
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        # Watches opened meanwhile on kept-alive connections are ended too.
+        await self.in_flight.drain(self.config.shutdown_grace, self.upstream_watches.end_all)
+        await self._cleanup_runners()
+        await self.upstream.close()
+        close_listeners(self._listeners)
+        self._listeners = []
+        await self.audit.aclose()
+
+    async def _cleanup_runners(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        await self.upstream.close()
-        if self._socket_dir is not None:
-            for path in self.gatekeeper.socket_drivers:
-                Path(path).unlink(missing_ok=True)
-        await self.audit.aclose()
 
-    async def _start_sockets(self, runner: web.AppRunner, socket_dir: Path) -> None:
-        drivers = sorted(self.gatekeeper.engine.policy.drivers)
+    def _driver_of(self, request: web.Request) -> str:
+        """The caller, for per-driver metrics; notes a client certificate close to expiry."""
+        try:
+            identity = identify(request.transport, self.gatekeeper.socket_drivers)
+        except Refusal:
+            return "-"
+        not_after = identity.peer.get("certNotAfter")
+        if not_after and self.engine.policy.allows_driver(identity.driver):
+            self.expiry.observe_client(identity.driver, not_after)
+        return identity.driver
+
+    def _handshake_failed(self, peer: str, reason: str) -> None:
+        self.metrics.tls_failures.labels(reason[:60]).inc()
+
+    async def add_driver_sockets(self, drivers: list[str]) -> None:
+        """Listen for drivers a reloaded policy added (socket listener only)."""
+        if self.config.socket_dir is None or not self._runners:
+            return
         for driver in drivers:
-            path = socket_path(socket_dir, driver)
-            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-            site = web.UnixSite(runner, str(path), backlog=_BACKLOG)
-            await site.start()
-            os.chmod(path, 0o660)
-            # The accepted socket reports the listening path as its sockname: that is the identity.
-            self.gatekeeper.socket_drivers[str(path)] = driver
-            log.info("listening driver=%s socket=%s", driver, path)
+            try:
+                listener = _unix_listener(self.config.socket_dir, driver)
+            except ConfigError as exc:
+                log.error("cannot listen for added driver=%s: %s", driver, exc)
+                continue
+            self._listeners.append(listener)
+            await self._listen(self._runners[0], listener)
+            log.info("listening driver=%s socket=%s", driver, listener.path)
 
-    async def _start_health(self, host: str, port: int) -> None:
-        app = web.Application()
-
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(_: web.Request) -> web.Response:
-            return web.Response(
-                text="ok" if self.ready else "not ready", status=200 if self.ready else 503
-            )
-
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        self.health_port = _bound_port(site)
+    async def remove_driver_sockets(self, drivers: list[str]) -> None:
+        """Stop listening for drivers a reloaded policy removed."""
+        gone = set(drivers)
+        for path, driver in list(self.gatekeeper.socket_drivers.items()):
+            if driver in gone:
+                del self.gatekeeper.socket_drivers[path]
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                log.info("closed driver=%s socket=%s", driver, path)
+        runner = self._runners[0] if self._runners else None
+        if runner is None:
+            return
+        for site in list(runner.sites):
+            if isinstance(site, web.SockSite) and site.name.endswith(
+                tuple(f"/{d}/{SOCKET_NAME}:" for d in gone)
+            ):
+                await site.stop()
 
 
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp exposes the bound port only through the server's sockets
-    assert server is not None
-    return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+async def run_until_signal(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    reload: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run ``start()``, wait for SIGINT/SIGTERM, then ``stop()`` (always); SIGHUP: ``reload``."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[None]] = set()
+    if reload is not None:
+
+        def on_hup() -> None:
+            task = asyncio.ensure_future(reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        try:
+            await start()
+        except BaseException:
+            await stop()  # whatever start() got to; its error is the one line to report
+            raise
+        try:
+            await stopping.wait()
+            log.info("stopping: draining in-flight requests")
+        finally:
+            await stop()
+        log.info("stopped")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(signum)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,10 +30,19 @@ class Upstream:
     Redirects are never followed: a 3xx is a 502.
     """
 
-    def __init__(self, config: UpstreamConfig, *, max_connections: int = 100) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        max_connections: int = 100,
+        tokens: TokenSource | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> None:
         self.config = config
-        self._tokens = TokenSource(config)
-        self._ssl = build_ssl_context(config)
+        self._tokens = tokens if tokens is not None else TokenSource(config)
+        self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
+        self._trace_configs = list(trace_configs)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -47,6 +57,7 @@ class Upstream:
             connector=connector,
             auto_decompress=True,
             skip_auto_headers=("Accept-Encoding",),
+            trace_configs=self._trace_configs or None,
         )
 
     async def close(self) -> None:

@@ -16,7 +16,9 @@ import aiohttp
 import pytest
 import yaml
 
+from gatekeeper.audit import AuditSink
 from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.config import ServeConfig, server_ssl_context
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, socket_path
@@ -104,6 +106,24 @@ class Running:
         return aiohttp.ClientSession(base_url=self.tls_url, connector=connector)
 
 
+def serve_config(
+    apiserver: APIServer, policy: Policy, pki: PKI, socket_dir: Path, **options: Any
+) -> ServeConfig:
+    """The tests' serve configuration: the embedded API server upstream, sockets and mTLS."""
+    settings: dict[str, Any] = {
+        "node_name": NODE,
+        "policy": policy,
+        "upstream": UpstreamConfig(server=apiserver.url, token=NODE_TOKEN),
+        "socket_dir": socket_dir,
+        "listen": ("127.0.0.1", 0),
+        "listen_tls": server_ssl_context(
+            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
+        ),
+    }
+    settings.update(options)
+    return ServeConfig(**settings)
+
+
 @asynccontextmanager
 async def running_gatekeeper(
     apiserver: APIServer,
@@ -111,23 +131,13 @@ async def running_gatekeeper(
     pki: PKI,
     *,
     upstream: Upstream | None = None,
+    audit_sink: AuditSink | None = None,
     **options: Any,
 ) -> AsyncIterator[Running]:
     """A gatekeeper on a fresh socket directory and an ephemeral mTLS port."""
-    from gatekeeper.config import server_ssl_context
-
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=upstream or Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
-        socket_dir=socket_dir,
-        listen=("127.0.0.1", 0),
-        listen_ssl=server_ssl_context(
-            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
-        ),
-        **options,
-    )
+    config = serve_config(apiserver, policy, pki, socket_dir, **options)
+    server = GatekeeperServer(config, upstream=upstream, audit=audit_sink)
     await server.start()
     try:
         yield Running(server, socket_dir, pki)

@@ -18,6 +18,7 @@ from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, St
 from gatekeeper import certs
 from gatekeeper.certs import (
     IssuedCert,
+    certificate_expiry,
     client_cert_common_name,
     create_ca,
     issue_client_cert,
@@ -375,3 +376,26 @@ def test_cli_force_overwrites(tmp_path: Path) -> None:
 def test_cli_help_exits_zero(capsys: pytest.CaptureFixture) -> None:
     assert run_certs_command(["--help"]) == 0
     assert "usage: dra-gatekeeper certs" in capsys.readouterr().out
+
+
+def test_cli_show_names_the_driver_and_expiry(
+    tmp_path: Path, ca: IssuedCert, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = issue_client_cert(ca, "gpu.example.com", days=10)
+    write_pem(tmp_path / "gpu.crt", client.cert_pem)
+    write_pem(tmp_path / "ca.crt", ca.cert_pem)
+    assert run_certs_command(["show", str(tmp_path / "gpu.crt")]) == 0
+    out = capsys.readouterr().out
+    assert "subject CN: gpu.example.com  (driver gpu.example.com)" in out
+    assert "role:       client (driver)" in out
+    expiry = client.certificate.not_valid_after_utc.isoformat()
+    assert f"not after:  {expiry}  (expires in 10 days)" in out
+    assert certificate_expiry(tmp_path / "gpu.crt") == client.certificate.not_valid_after_utc
+    assert run_certs_command(["show", str(tmp_path / "ca.crt")]) == 0
+    assert "role:       CA" in capsys.readouterr().out
+    (tmp_path / "junk.crt").write_text("junk")
+    assert run_certs_command(["show", str(tmp_path / "junk.crt")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"dra-gatekeeper certs: {tmp_path / 'junk.crt'}: not a PEM certificate\n"
+    )

@@ -68,14 +68,18 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"exit 0 even when no request could be re-decided (default: exit {EXIT_EMPTY})",
     )
-    check.add_argument("logs", nargs="+", metavar="LOG")
+    check.add_argument(
+        "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
+    )
     generate = commands.add_parser(
         "generate", parents=[mapping], help="least-privilege policy for the observed traffic"
     )
     generate.add_argument("--base", help="policy with the field paths of known kinds")
     generate.add_argument("--node-name", help="node of requests whose user names none")
     generate.add_argument("-o", "--output", default="-", help="write the policy here (default -)")
-    generate.add_argument("logs", nargs="+", metavar="LOG")
+    generate.add_argument(
+        "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
+    )
     return parser
 
 

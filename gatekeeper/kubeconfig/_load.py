@@ -153,7 +153,9 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return doc
 
 
-def _named(doc: Mapping[str, Any], list_key: str, item_key: str, name: str, where: _Where) -> dict:
+def _named(
+    doc: Mapping[str, Any], list_key: str, item_key: str, name: str, where: _Where
+) -> dict[str, Any]:
     entries = doc.get(list_key) or []
     if not isinstance(entries, list):
         raise where.error(list_key, "must be a list")
@@ -171,7 +173,9 @@ def _named(doc: Mapping[str, Any], list_key: str, item_key: str, name: str, wher
     return body
 
 
-def _cluster_fields(cluster: Mapping[str, Any], override: str | None, where: _Where) -> dict:
+def _cluster_fields(
+    cluster: Mapping[str, Any], override: str | None, where: _Where
+) -> dict[str, Any]:
     if override is not None:
         server = check_server(override, "--upstream")
     else:
@@ -200,7 +204,7 @@ def _cluster_fields(cluster: Mapping[str, Any], override: str | None, where: _Wh
     }
 
 
-def _user_fields(user: Mapping[str, Any], where: _Where) -> dict:
+def _user_fields(user: Mapping[str, Any], where: _Where) -> dict[str, Any]:
     for key, why in _UNSUPPORTED_USER_KEYS.items():
         if user.get(key):
             raise where.error(key, why)

@@ -41,6 +41,23 @@ class TokenSource:
             except ConfigError as exc:
                 raise ConfigError(f"upstream token: {exc}") from None
 
+    @property
+    def token_file(self) -> str | None:
+        """The file the token is read from, or None for a static token."""
+        return self._file
+
+    def reload(self) -> None:
+        """Read the token file now (it changed); ConfigError keeps the last good token."""
+        if self._file is None:
+            return
+        self._read_at = self._clock()
+        try:
+            self._token = _read_token_file(self._file)
+        except ConfigError as exc:
+            self.last_error = str(exc)
+            raise
+        self.last_error = None
+
     def token(self) -> str | None:
         """The token to send now, or None when the config has none."""
         if self._file is not None and self._clock() - self._read_at >= self._reload:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -98,8 +99,10 @@ def load_policy(path: str | None) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; ConfigError naming ``source`` and the key on any fault."""
+    stream = io.StringIO(text)
+    stream.name = source  # PyYAML names the stream in its messages (else "<unicode string>")
     try:
-        doc = yaml.load(text, Loader=_StrictLoader)
+        doc = yaml.load(stream, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from exc
     ctx = _Context(source)
@@ -160,6 +163,13 @@ class _Context:
         return value
 
 
+_VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+def _allowed_verbs() -> list[str]:
+    return [v for v in _VERB_ORDER if v in ALL_VERBS] + sorted(ALL_VERBS - set(_VERB_ORDER))
+
+
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
@@ -192,7 +202,12 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
         ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), _join(key, "verbs"))
     )
     if unknown := verbs - ALL_VERBS:
-        ctx.fail(_join(key, "verbs"), f"unknown verbs {sorted(unknown)}")
+        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
+        ctx.fail(
+            _join(key, "verbs"),
+            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
+            f"(allowed: {', '.join(_allowed_verbs())})",
+        )
     subresources = frozenset(
         ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
     )

@@ -1,6 +1,6 @@
 """``dra-gatekeeper test``: policy test files run through the real gatekeeper (DESIGN §4.8)."""
 
-from gatekeeper.policytest._cli import add_test_parser, run_test, run_test_command
+from gatekeeper.policytest._cli import run_test, run_test_command
 from gatekeeper.policytest._compare import Mismatch, compare
 from gatekeeper.policytest._harness import Forwarded, Harness, Outcome
 from gatekeeper.policytest._model import (
@@ -30,7 +30,6 @@ __all__ = [
     "RunResult",
     "TestCase",
     "TestFile",
-    "add_test_parser",
     "compare",
     "discover",
     "load_files",

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from gatekeeper.policytest._model import TEST_FILE_SUFFIX, MalformedTest, discover
 from gatekeeper.policytest._report import (
@@ -26,7 +26,7 @@ from gatekeeper.policytest._report import (
 )
 from gatekeeper.policytest._runner import CaseResult, load_files, run_files
 
-__all__ = ["add_test_parser", "run_test", "run_test_command"]
+__all__ = ["run_test", "run_test_command"]
 
 _PROG = "dra-gatekeeper test"
 
@@ -36,16 +36,6 @@ _DESCRIPTION = (
     f"Run every *{TEST_FILE_SUFFIX} under the given paths through the gatekeeper's real "
     "pipeline in front of the embedded API server."
 )
-
-
-def add_test_parser(commands: Any) -> argparse.ArgumentParser:
-    """Register ``test`` on the top-level subparsers; the parsed namespace's ``run`` runs it."""
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "test", help=_HELP, description=_DESCRIPTION
-    )
-    _add_arguments(parser)
-    parser.set_defaults(run=run_test)
-    return parser
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,11 @@ import yaml
 from aiohttp import web
 
 from gatekeeper.status import status_body
+from gatekeeper.testing._delete import (
+    check_delete_preconditions,
+    delete_object,
+    parse_delete_options,
+)
 from gatekeeper.testing._errors import (
     APIError,
     already_exists,
@@ -18,19 +22,21 @@ from gatekeeper.testing._errors import (
     not_found,
     unsupported_media_type,
 )
+from gatekeeper.testing._json import deep, dumps
 from gatekeeper.testing._list import list_objects, parse_list_options
+from gatekeeper.testing._managed import APPLY_OP, UPDATE_OP, apply_config, manager_name, owned_after
 from gatekeeper.testing._negotiate import negotiate_object
 from gatekeeper.testing._objects import (
-    check_delete_preconditions,
     check_type_meta,
     decode_object,
-    mark_deleting,
+    metadata_of,
     prepare_create,
     prepare_update,
 )
 from gatekeeper.testing._patch import APPLY, apply_patch, parse_patch
 from gatekeeper.testing._render import render_list, render_object, versioned
 from gatekeeper.testing._routing import Target
+from gatekeeper.testing._typed import check_numbers, normalize, validate
 from gatekeeper.testing._watch import serve_watch
 from gatekeeper.testing.store import Store, object_key
 from gatekeeper.types import KubeObject
@@ -63,6 +69,12 @@ class Call:
                 raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
         return bool(values)
 
+    @property
+    def manager(self) -> str:
+        """The field manager a write is recorded under."""
+        agent = self.request.headers.get("User-Agent", "")
+        return manager_name(self.query.get("fieldManager", ""), agent)
+
     def key(self, name: str | None = None) -> tuple[str, str]:
         """The store key of the addressed object."""
         return (self.target.namespace or "", name if name is not None else self.target.name)
@@ -73,7 +85,7 @@ def json_response(
 ) -> web.Response:
     """Compact JSON, ``Content-Type: application/json`` (the apiserver's framing)."""
     return web.Response(
-        body=json.dumps(body, separators=(",", ":")).encode(),
+        body=dumps(body).encode(),
         status=status,
         content_type="application/json",
         headers=headers,
@@ -110,6 +122,7 @@ def _decode_body(call: Call) -> KubeObject:
             "application/json, application/yaml"
         )
     check_type_meta(obj, kind, call.target.version)
+    check_numbers(kind, obj)
     return obj
 
 
@@ -133,9 +146,40 @@ async def _list_or_watch(call: Call) -> web.StreamResponse:
     return json_response(render_list(target.kind, target.version, items, meta, neg))
 
 
-def _create_object(call: Call, obj: KubeObject, *, reset_status: bool) -> KubeObject:
+def _same(a: KubeObject, b: KubeObject) -> bool:
+    return bool(a == b)
+
+
+def _with_managed(
+    call: Call,
+    old: KubeObject | None,
+    new: KubeObject,
+    operation: str,
+    applied: set[tuple[str, ...]] | None = None,
+) -> KubeObject:
+    target = call.target
+    fields = deep(
+        owned_after,
+        old,
+        new,
+        manager=call.manager,
+        operation=operation,
+        api_version=target.kind.group_version(target.version),
+        subresource=target.subresource,
+        status_split="status" in target.kind.subresources,
+        applied=applied,
+    )
+    meta = {k: v for k, v in new["metadata"].items() if k != "managedFields"}
+    if fields:
+        meta["managedFields"] = fields
+    return {**new, "metadata": meta}
+
+
+def _create_object(
+    call: Call, obj: KubeObject, *, reset_status: bool, operation: str = UPDATE_OP
+) -> KubeObject:
     target, store = call.target, call.store
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = metadata_of(obj)
     generated = not meta.get("name") and bool(meta.get("generateName"))
     for _ in range(8 if generated else 1):  # generateName collisions are retried, boundedly
         prepared = prepare_create(
@@ -145,6 +189,9 @@ def _create_object(call: Call, obj: KubeObject, *, reset_status: bool) -> KubeOb
             break
     else:
         raise already_exists(target.kind, prepared["metadata"]["name"])
+    prepared = normalize(target.kind, prepared)
+    validate(target.kind, prepared)
+    prepared = _with_managed(call, None, prepared, operation)
     if call.dry_run:
         return prepared
     return store.create(target.resource_key, prepared)
@@ -155,24 +202,33 @@ async def _create(call: Call) -> web.Response:
     return _reply(call, _create_object(call, obj, reset_status=True), 201)
 
 
-def _commit(call: Call, stored: KubeObject, new: KubeObject) -> KubeObject:
+def _commit(
+    call: Call,
+    stored: KubeObject,
+    new: KubeObject,
+    operation: str = UPDATE_OP,
+    applied: set[tuple[str, ...]] | None = None,
+) -> KubeObject:
     """Store an update unless it is a no-op or a dry run; removing the last finalizer of an
-    object being deleted deletes it."""
-    if new == stored or call.dry_run:
+    object being deleted deletes it (answered at its last stored resourceVersion, as
+    recording 159 shows)."""
+    new = normalize(call.target.kind, new)
+    validate(call.target.kind, new)
+    new = _with_managed(call, stored, new, operation, applied)
+    if deep(_same, new, stored):
+        return stored
+    if call.dry_run:
         return new
     meta = new["metadata"]
     if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-        return call.store.delete(call.target.resource_key, call.key(), final=new)
+        call.store.delete(call.target.resource_key, call.key(), final=new)
+        return new
     return call.store.replace(call.target.resource_key, new)
 
 
-async def _update(call: Call) -> web.Response:
-    body = _decode_body(call)
+def _prepare_update(call: Call, stored: KubeObject, body: KubeObject) -> KubeObject:
     target = call.target
-    stored = call.store.get(target.resource_key, call.key())
-    if stored is None:
-        raise not_found(target.kind, target.name)
-    new = prepare_update(
+    return prepare_update(
         target.kind,
         target.version,
         target.namespace or "",
@@ -181,7 +237,15 @@ async def _update(call: Call) -> web.Response:
         body,
         subresource=target.subresource,
     )
-    return _reply(call, _commit(call, stored, new))
+
+
+async def _update(call: Call) -> web.Response:
+    body = _decode_body(call)
+    target = call.target
+    stored = call.store.get(target.resource_key, call.key())
+    if stored is None:
+        raise not_found(target.kind, target.name)
+    return _reply(call, _commit(call, stored, _prepare_update(call, stored, body)))
 
 
 def _field_manager_required() -> APIError:
@@ -200,6 +264,39 @@ def _field_manager_required() -> APIError:
     )
 
 
+def _apply_create(call: Call, patch: KubeObject) -> web.Response:
+    target = call.target
+    meta = metadata_of(patch)
+    if meta.get("name", "") != target.name:
+        raise bad_request(
+            f"the name of the object ({meta.get('name', '')}) does not match "
+            f"the name on the URL ({target.name})"
+        )
+    # Apply creates a missing object and ignores a resourceVersion in the configuration,
+    # as a real 1.36 apiserver does (recording 174).
+    creating = {**patch, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    obj = _create_object(call, creating, reset_status=False, operation=APPLY_OP)
+    return _reply(call, obj, 201)
+
+
+def _apply(call: Call, stored: KubeObject, patch: KubeObject) -> web.Response:
+    target = call.target
+    live = versioned(target.kind, target.version, stored)
+    merged, wanted = deep(
+        apply_config,
+        live,
+        patch,
+        manager=call.manager,
+        subresource=target.subresource,
+        status_split="status" in target.kind.subresources,
+    )
+    config_rv = (patch.get("metadata") or {}).get("resourceVersion")
+    if config_rv:  # a resourceVersion in the configuration is a precondition
+        merged["metadata"]["resourceVersion"] = config_rv
+    new = _prepare_update(call, stored, merged)
+    return _reply(call, _commit(call, stored, new, APPLY_OP, wanted))
+
+
 async def _patch(call: Call) -> web.Response:
     target = call.target
     patch_type, patch = parse_patch(call.request.headers.get("Content-Type", ""), call.body)
@@ -211,72 +308,32 @@ async def _patch(call: Call) -> web.Response:
     if stored is None:
         if patch_type != APPLY or target.subresource:
             raise not_found(target.kind, target.name)
-        meta = patch.get("metadata") if isinstance(patch.get("metadata"), dict) else {}
-        if meta.get("name", "") != target.name:
-            raise bad_request(
-                f"the name of the object ({meta.get('name', '')}) does not match "
-                f"the name on the URL ({target.name})"
-            )
-        # Apply creates a missing object and ignores a resourceVersion in the configuration,
-        # as a real 1.36 apiserver does (DESIGN.md §4.4).
-        creating = {**patch, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
-        return _reply(call, _create_object(call, creating, reset_status=False), 201)
-    current = versioned(target.kind, target.version, stored)
-    result = apply_patch(patch_type, patch, current)
-    new = prepare_update(
-        target.kind,
-        target.version,
-        target.namespace or "",
-        target.name,
-        stored,
-        result,
-        subresource=target.subresource,
-    )
-    return _reply(call, _commit(call, stored, new))
-
-
-def _delete_options(call: Call) -> KubeObject:
-    if not call.body.strip():
-        return {}
-    try:
-        options = json.loads(call.body)
-    except ValueError as exc:
-        raise bad_request(f"error decoding DeleteOptions: {exc}") from None
-    if not isinstance(options, dict):
-        raise bad_request("error decoding DeleteOptions: not an object")
-    return options
-
-
-def _delete_one(call: Call, stored: KubeObject) -> tuple[KubeObject, int]:
-    """Delete (or, with finalizers, mark for deletion) one object: ``(object, status)``."""
-    if call.dry_run:
-        return stored, 200
-    if stored["metadata"].get("finalizers"):
-        marked = mark_deleting(stored)
-        if marked != stored:
-            marked = call.store.replace(call.target.resource_key, marked)
-        return marked, 202
-    return call.store.delete(call.target.resource_key, object_key(stored)), 200
+        return _apply_create(call, patch)
+    if patch_type == APPLY:
+        return _apply(call, stored, patch)
+    result = apply_patch(patch_type, patch, versioned(target.kind, target.version, stored))
+    check_numbers(target.kind, result)
+    return _reply(call, _commit(call, stored, _prepare_update(call, stored, result)))
 
 
 async def _delete(call: Call) -> web.Response:
-    options = _delete_options(call)
+    options = parse_delete_options(call.body, call.request.query)
     target = call.target
     stored = call.store.get(target.resource_key, call.key())
     if stored is None:
         raise not_found(target.kind, target.name)
     check_delete_preconditions(target.kind, stored, options)
-    obj, status = _delete_one(call, stored)
+    obj, status = delete_object(call.store, target.resource_key, stored, options)
     return _reply(call, obj, status)
 
 
 async def _delete_collection(call: Call) -> web.Response:
     target = call.target
     opts = parse_list_options(call.query, target.kind, target.version)
-    _delete_options(call)
+    options = parse_delete_options(call.body, call.request.query)
     items, meta = await list_objects(call.store, target, opts, rv_wait=call.rv_wait)
     for item in items:
-        _delete_one(call, item)
+        delete_object(call.store, target.resource_key, item, options)
     neg = negotiate_object(call.request.headers.get("Accept", ""), collection=True)
     return json_response(render_list(target.kind, target.version, items, meta, neg))
 

@@ -14,18 +14,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.selectors import (
-    FieldRequirement,
-    LabelSelector,
-    matches_fields,
-    matches_labels,
-    parse_field_selector,
-    parse_label_selector,
-)
 from gatekeeper.status import status_body
 from gatekeeper.testing._errors import APIError, bad_request, gone
 from gatekeeper.testing._kinds import ServedKind, field_values
 from gatekeeper.testing._routing import Target
+from gatekeeper.testing._selectors import (
+    FieldTerm,
+    LabelTerm,
+    SelectorError,
+    field_selector_matches,
+    label_selector_matches,
+    parse_field_selector,
+    parse_label_selector,
+)
 from gatekeeper.testing.store import Store
 from gatekeeper.types import KubeObject
 
@@ -51,8 +52,8 @@ _TOO_OLD_CONTINUE = (
 class ListOptions:
     """The list/watch query parameters the embedded API server honours."""
 
-    fields: tuple[FieldRequirement, ...] = ()
-    labels: LabelSelector = ()
+    fields: tuple[FieldTerm, ...] = ()
+    labels: tuple[LabelTerm, ...] = ()
     limit: int = 0
     continue_token: str = ""
     resource_version: str = ""
@@ -81,7 +82,7 @@ def parse_list_options(query: Mapping[str, str], kind: ServedKind, version: str)
     """Validate selectors against the kind's selectable fields; 400 on anything malformed."""
     try:
         fields = parse_field_selector(query.get("fieldSelector", ""))
-    except ValueError as exc:
+    except SelectorError as exc:
         raise bad_request(str(exc)) from None
     allowed = kind.field_paths(version)
     for req in fields:
@@ -89,11 +90,8 @@ def parse_list_options(query: Mapping[str, str], kind: ServedKind, version: str)
             raise bad_request(kind.unsupported_field_message(version, req.field))
     try:
         labels = parse_label_selector(query.get("labelSelector", ""))
-    except ValueError as exc:
-        message = str(exc)
-        if not message.startswith("unable to parse requirement"):
-            message = f"unable to parse requirement: {message}"
-        raise bad_request(message) from None
+    except SelectorError as exc:
+        raise bad_request(str(exc)) from None
     rv, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
     if match and match not in ("Exact", "NotOlderThan"):
         raise bad_request(
@@ -132,11 +130,11 @@ def matcher(target: Target, opts: ListOptions) -> Callable[[KubeObject], bool]:
         meta = obj.get("metadata") or {}
         if target.namespace and meta.get("namespace", "") != target.namespace:
             return False
-        if opts.fields and not matches_fields(
+        if opts.fields and not field_selector_matches(
             opts.fields, field_values(target.kind, target.version, obj)
         ):
             return False
-        return not opts.labels or matches_labels(opts.labels, meta.get("labels") or {})
+        return not opts.labels or label_selector_matches(opts.labels, meta.get("labels") or {})
 
     return matches
 

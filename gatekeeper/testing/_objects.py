@@ -1,9 +1,10 @@
 """Object lifecycle rules of the embedded API server: what create, update and delete store.
 
-Deliberate differences from the apiserver: no ``managedFields`` are kept or produced, no
-per-kind validation or defaulting runs (only name rules, ``immutable_fields`` and the
-``status`` subresource split), ``generation`` is set on every kind, and a body whose
-``apiVersion`` is another served version of the kind is refused (400) instead of converted.
+Deliberate differences from the apiserver: little per-kind validation and no defaulting
+runs (name rules, ``immutable_fields``, the ``status`` subresource split and the few typed
+rules of ``_typed``), ``generation`` is set on every kind, and a body whose ``apiVersion`` is
+another served version of the kind is refused (400) instead of converted. ``managedFields``
+are computed by ``_managed``; those sent by a client are ignored.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from typing import Any, Final
 from gatekeeper.jsonpath import MISSING, get_field, parse_field_path
 from gatekeeper.status import status_body
 from gatekeeper.testing._errors import APIError, bad_request, conflict, field_invalid, invalid
+from gatekeeper.testing._json import deep, dumps, loads
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing.store import new_uid, now_timestamp
 from gatekeeper.types import KubeObject
 
 __all__ = [
-    "check_delete_preconditions",
     "check_type_meta",
     "decode_object",
     "generate_name",
     "mark_deleting",
+    "metadata_of",
     "prepare_create",
     "prepare_update",
 ]
@@ -41,14 +43,16 @@ _SYSTEM_META: Final = (
 
 
 def decode_object(body: bytes, kind: ServedKind) -> KubeObject:
-    """A JSON object from a request body; 400 in the apiserver's words (recording 22)."""
+    """A JSON object from a request body; 400 in the apiserver's words (recordings 22, 194)."""
     try:
-        obj: Any = json.loads(body)
+        obj: Any = loads(body)
         if not isinstance(obj, dict):
             raise ValueError("cannot unmarshal a non-object into an object")
     except (ValueError, UnicodeDecodeError) as exc:
         text = body[:30].decode("utf-8", "replace") + (" ..." if len(body) > 30 else "")
-        error = "unexpected end of JSON input" if "Expecting" in str(exc) else str(exc)
+        error = str(exc)
+        if isinstance(exc, json.JSONDecodeError) and "Expecting" in str(exc):
+            error = "unexpected end of JSON input"
         raise bad_request(
             f"the object provided is unrecognized (must be of type {kind.kind}): couldn't get "
             f"version/kind; json parse error: {error} ({text})"
@@ -56,13 +60,19 @@ def decode_object(body: bytes, kind: ServedKind) -> KubeObject:
     return obj
 
 
+def metadata_of(obj: KubeObject) -> dict[str, Any]:
+    """``obj["metadata"]`` if it is an object, else an empty dict."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 def check_type_meta(obj: KubeObject, kind: ServedKind, version: str) -> None:
     """``apiVersion``/``kind`` must be the URL's (400 like recording 23)."""
     body_kind, body_version = obj.get("kind"), obj.get("apiVersion")
     if not isinstance(body_kind, str) or not body_kind:
-        raise bad_request(f"Object 'Kind' is missing in '{json.dumps(obj)[:200]}'")
+        raise bad_request(f"Object 'Kind' is missing in '{dumps(obj)[:200]}'")
     if not isinstance(body_version, str) or not body_version:
-        raise bad_request(f"Object 'apiVersion' is missing in '{json.dumps(obj)[:200]}'")
+        raise bad_request(f"Object 'apiVersion' is missing in '{dumps(obj)[:200]}'")
     if body_kind == kind.kind and body_version == kind.group_version(version):
         return
     short_version = body_version.rpartition("/")[2]
@@ -116,7 +126,7 @@ def prepare_create(
     apiserver's strategies do on create. ``seeding`` (:meth:`APIServer.add`) keeps a given
     uid, creationTimestamp, generation and deletion fields and ignores a resourceVersion.
     """
-    out = copy.deepcopy(obj)
+    out = deep(copy.deepcopy, obj)
     meta = out.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
@@ -176,6 +186,9 @@ _META_ORDER: Final = (
     "deletionGracePeriodSeconds",
     "labels",
     "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
 )
 
 
@@ -187,6 +200,10 @@ def _ordered_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _spec_part(obj: KubeObject) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+def _differ(a: Any, b: Any) -> bool:
+    return bool(a != b)
 
 
 def _check_immutable(kind: ServedKind, version: str, old: KubeObject, new: KubeObject) -> None:
@@ -248,59 +265,37 @@ def prepare_update(
     _namespace(kind, meta, namespace)
     _check_preconditions(kind, stored, meta)
     if subresource == "status":
-        new = copy.deepcopy(stored)
+        new = dict(stored)
         if "status" in body:
-            new["status"] = copy.deepcopy(body["status"])
+            new["status"] = deep(copy.deepcopy, body["status"])
         else:
             new.pop("status", None)
         return new
     new_meta = {k: v for k, v in meta.items() if k not in ("managedFields", "selfLink")}
-    for key in (*_SYSTEM_META, "namespace", "resourceVersion"):
+    for key in (*_SYSTEM_META, "namespace", "resourceVersion", "managedFields"):
         new_meta.pop(key, None)
         if key in stored["metadata"]:
             new_meta[key] = stored["metadata"][key]
-    new = {k: copy.deepcopy(v) for k, v in body.items() if k not in ("kind", "apiVersion")}
+    new = {k: v for k, v in deep(copy.deepcopy, body).items() if k not in ("kind", "apiVersion")}
     if "status" in kind.subresources:
         new.pop("status", None)
         if "status" in stored:
             new["status"] = stored["status"]
     new = {"kind": kind.kind, "apiVersion": stored["apiVersion"], **new}
     _check_immutable(kind, version, stored, new)
-    if _spec_part(new) != _spec_part(stored):
+    if deep(_differ, _spec_part(new), _spec_part(stored)):
         new_meta["generation"] = int(stored["metadata"].get("generation", 0)) + 1
     new["metadata"] = _ordered_meta(new_meta)
     return new
 
 
-def check_delete_preconditions(kind: ServedKind, stored: KubeObject, options: KubeObject) -> None:
-    """DeleteOptions ``preconditions``: 409 naming the kind (recording 78)."""
-    pre = options.get("preconditions")
-    if not isinstance(pre, dict):
-        return
-    name = str(stored["metadata"]["name"])
-    uid, rv = pre.get("uid"), pre.get("resourceVersion")
-    if uid and uid != stored["metadata"].get("uid"):
-        raise conflict(
-            kind,
-            name,
-            f"Precondition failed: UID in precondition: {uid}, UID in "
-            f"object meta: {stored['metadata'].get('uid')}",
-            by_kind=True,
-        )
-    if rv and rv != stored["metadata"].get("resourceVersion"):
-        raise conflict(
-            kind,
-            name,
-            f"the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion "
-            f"in record ({stored['metadata'].get('resourceVersion')}). The object might have "
-            "been modified",
-            by_kind=True,
-        )
-
-
 def mark_deleting(stored: KubeObject) -> KubeObject:
-    """An object with finalizers is not removed by delete: it gets a ``deletionTimestamp``."""
+    """An object with finalizers is not removed by delete: it gets a ``deletionTimestamp``
+    (and ``deletionGracePeriodSeconds: 0``, generation + 1) the first time."""
     meta = dict(stored["metadata"])
-    meta.setdefault("deletionTimestamp", now_timestamp())
-    meta.setdefault("deletionGracePeriodSeconds", 0)
+    if not meta.get("deletionTimestamp"):
+        meta["deletionTimestamp"] = now_timestamp()
+        meta["deletionGracePeriodSeconds"] = 0
+        if meta.get("generation"):  # as the apiserver's BeforeDelete does
+            meta["generation"] = int(meta["generation"]) + 1
     return {**stored, "metadata": _ordered_meta(meta)}

@@ -1,15 +1,13 @@
 """Patch bodies, parsed and applied as the apiserver does (pure; no I/O).
 
-Deliberate differences from the apiserver: a strategic merge patch is applied as a JSON merge
-patch (lists are replaced, not merged by key; ``$patch`` directives are not interpreted), and
-server-side apply is applied as a merge of the applied configuration onto the live object
-(no field ownership: fields left out of the configuration are kept, never removed).
+JSON merge patches follow the apiserver's library (``_merge``). Deliberate differences: a
+strategic merge patch is applied as a JSON merge patch (lists are replaced, not merged by key;
+``$patch`` directives are not interpreted). Server-side apply is done by ``_managed``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, Final
 
 import jsonpatch
@@ -21,6 +19,8 @@ from gatekeeper.testing._errors import (
     generic_invalid,
     unsupported_media_type,
 )
+from gatekeeper.testing._json import deep, loads
+from gatekeeper.testing._merge import merge_patch
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -56,7 +56,7 @@ def parse_patch(content_type: str, body: bytes) -> tuple[str, Any]:
             raise bad_request("error decoding YAML: the apply configuration must be an object")
         return patch_type, doc
     try:
-        doc = json.loads(body)
+        doc = loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"error decoding patch: {exc}") from exc
     if patch_type == JSON_PATCH:
@@ -65,19 +65,6 @@ def parse_patch(content_type: str, body: bytes) -> tuple[str, Any]:
     elif not isinstance(doc, dict):
         raise bad_request("json: cannot unmarshal the patch into an object")
     return patch_type, doc
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: objects merge, ``null`` deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 def patch_resource_version(patch_type: str, patch: Any) -> str | None:
@@ -94,13 +81,13 @@ def apply_patch(patch_type: str, patch: Any, current: KubeObject) -> KubeObject:
     """The object ``patch`` turns ``current`` into; 422 when a JSON patch cannot apply."""
     if patch_type == JSON_PATCH:
         try:
-            result = jsonpatch.JsonPatch(patch).apply(copy.deepcopy(current))
+            result = deep(jsonpatch.JsonPatch(patch).apply, deep(copy.deepcopy, current))
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
             raise generic_invalid() from exc
         except (TypeError, KeyError, IndexError, ValueError) as exc:
             raise generic_invalid() from exc
     else:
-        result = merge_patch(current, patch)
+        result = deep(merge_patch, current, patch)
     if not isinstance(result, dict):
         raise APIError(generic_invalid().body)
     return result

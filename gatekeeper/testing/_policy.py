@@ -34,8 +34,10 @@ def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
                 and not key.startswith("metadata.")
                 and not paths[fld].startswith("metadata.")
             }
-            # As on a real 1.36 apiserver (recordings 52/53): driver and node are immutable,
-            # the pool name is not.
+            # Driver and node are immutable, as on a real 1.36 apiserver (recordings 52, 53).
+            # So is a ResourceSlice's pool name there (recordings 171-173, and RESOURCE_SLICES
+            # here), but the policy does not say which kinds share that rule (issue 9 makes it a
+            # per-version policy fact): until it does, the pool stays mutable in served kinds.
             immutable[version] = tuple(
                 sorted(
                     path

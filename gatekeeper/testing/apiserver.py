@@ -5,7 +5,8 @@ Generic over a list of :class:`ServedKind`; faithful to recordings of a real kub
 implement them (``_objects``, ``_patch``, ``_watch``, ``_render``, ``_negotiate``,
 ``_discovery``); the notable ones: no authorization (a valid token or client certificate
 may do anything), no anonymous access (401, where the apiserver would answer 403), JSON
-only, no managedFields, no per-kind validation or defaulting, no version conversion.
+only, simplified managedFields (``_managed``), little per-kind validation (``_typed``), no
+defaulting, no version conversion.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gatekeeper.testing._errors import APIError, path_not_found
 from gatekeeper.testing._handlers import Call, handle_resource, json_response, method_not_allowed
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._negotiate import negotiate_discovery, not_acceptable, parse_accept
-from gatekeeper.testing._objects import check_type_meta, prepare_create
+from gatekeeper.testing._objects import check_type_meta, metadata_of, prepare_create
 from gatekeeper.testing._routing import resolve_resource_path
 from gatekeeper.testing.store import Store, object_key
 from gatekeeper.types import KubeObject
@@ -160,7 +161,7 @@ class APIServer:
         kind = self._kind_of(obj)
         version = str(obj["apiVersion"]).rpartition("/")[2]
         check_type_meta(obj, kind, version)
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        meta = metadata_of(obj)
         namespace = str(meta.get("namespace") or "default") if kind.namespaced else ""
         prepared = prepare_create(kind, version, namespace, obj, reset_status=False, seeding=True)
         key = (kind.group, kind.resource)
@@ -180,6 +181,12 @@ class APIServer:
     def compact(self) -> None:
         """Forget history up to now: older resourceVersions become too old (410)."""
         self.store.compact()
+
+    def reset(self) -> None:
+        """Start again from an empty store: every object and all history forgotten, the
+        resourceVersion counter back at 0, open watches ended."""
+        self.store.close()
+        self.store = Store(self._by_resource)
 
     # --- middlewares -------------------------------------------------------------------------
 

@@ -12,14 +12,12 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.audit import AuditLevel, JsonLinesWriter
-from gatekeeper.config import server_ssl_context
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.audit import AuditLevel
+from gatekeeper.config import AuditSettings
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer
 from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import NODE, NODE_TOKEN, PKI, Running
+from tests.conftest import PKI, Running, serve_config
 
 
 @dataclass
@@ -51,18 +49,14 @@ async def audited(
 ) -> AsyncIterator[Audited]:
     socket_dir = Path(tempfile.mkdtemp(prefix="gk-sock-"))
     log_path = tmp_path / "audit.log"
-    server = GatekeeperServer(
-        policy=policy,
-        node_name=NODE,
-        upstream=Upstream(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)),
-        audit=JsonLinesWriter(str(log_path)),
-        audit_level=audit_level,
-        socket_dir=socket_dir,
-        listen=("127.0.0.1", 0),
-        listen_ssl=server_ssl_context(
-            pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt")
-        ),
+    config = serve_config(
+        apiserver,
+        policy,
+        pki,
+        socket_dir,
+        audit=AuditSettings(path=str(log_path), level=audit_level),
     )
+    server = GatekeeperServer(config)
     await server.start()
     running = Audited(server, socket_dir, pki, log_path=log_path)
     yield running

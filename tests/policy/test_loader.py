@@ -140,7 +140,8 @@ INVALID = [
     (
         "unknown-verb",
         replaced("    rule: NodeLocal\n", "    rule: NodeLocal\n    verbs: [get, proxy]\n"),
-        "kinds[0].verbs: unknown verbs ['proxy']",
+        'kinds[0].verbs: unknown verb "proxy" (allowed: get, list, watch, create, update, '
+        "patch, delete, deletecollection)",
     ),
     (
         "missing-driver-path",
@@ -231,3 +232,14 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError, match=f"{missing}: cannot read policy"):
         load_policy(str(missing))
+
+
+def test_yaml_errors_name_the_file_and_unknown_verbs_list_the_allowed(tmp_path: Path) -> None:
+    path = write(tmp_path, "kinds: [\n")
+    with pytest.raises(ConfigError) as caught:
+        load_policy(path)
+    assert f'in "{path}", line' in str(caught.value)
+    assert "<unicode string>" not in str(caught.value)
+    text = replaced("    rule: NodeLocal\n", "    rule: NodeLocal\n    verbs: [lists, gets]\n")
+    with pytest.raises(ConfigError, match=r'unknown verbs "gets", "lists" \(allowed: get, list,'):
+        load_policy(write(tmp_path, text))

@@ -1,0 +1,256 @@
+"""Prometheus metrics for ``/metrics``: what the gatekeeper decided, how the upstream answers.
+
+One :class:`Metrics` per server, on its own registry. Per-request figures are taken from the
+audit events (:class:`MeteredSink` sees every finished request, allowed or refused, exactly as
+it is audited); in-flight requests by an aiohttp middleware; upstream latency by an aiohttp
+client trace; the rest by the parts that know (TLS, reloads, certificates, the audit writer).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gatekeeper.audit import AuditSink
+
+__all__ = ["CONTENT_TYPE", "MeteredSink", "Metrics", "UpstreamWatches"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_UNKNOWN = "-"
+_MAX_REASONS = 200
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    """Every metric of one gatekeeper, registered on ``registry``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "dra_gatekeeper_requests",
+            "Finished requests by driver, verb, resource, decision and HTTP code.",
+            ["driver", "verb", "resource", "decision", "code"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "dra_gatekeeper_refusals",
+            "Requests the gatekeeper refused, by driver and reason (the audit's reason).",
+            ["driver", "reason"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "dra_gatekeeper_upstream_request_duration_seconds",
+            "Time until the upstream API server's response headers, by method.",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "dra_gatekeeper_requests_in_flight",
+            "Requests being served, by driver.",
+            ["driver"],
+            registry=r,
+        )
+        self.watches = Gauge(
+            "dra_gatekeeper_watches_open", "Watches streaming, by driver.", ["driver"], registry=r
+        )
+        self.tls_failures = Counter(
+            "dra_gatekeeper_tls_handshake_failures",
+            "Failed TLS handshakes on the mTLS listener, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "dra_gatekeeper_reloads",
+            "Reloads of a watched file (policy, token, tls), by result (ok or error).",
+            ["file", "result"],
+            registry=r,
+        )
+        self.cert_expiry = Gauge(
+            "dra_gatekeeper_certificate_expiry_seconds",
+            "Seconds until a certificate expires (serving or client CA).",
+            ["certificate"],
+            registry=r,
+        )
+        self.cert_expiring = Gauge(
+            "dra_gatekeeper_certificate_expiring",
+            "1 when a certificate expires within the warning period, else 0.",
+            ["certificate"],
+            registry=r,
+        )
+        self.ready = Gauge("dra_gatekeeper_ready", "1 when /readyz answers ok.", registry=r)
+        self._reasons: set[str] = set()
+        self._watch_drivers: dict[str, str] = {}
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)
+
+    def watch_audit(self, source: Any) -> None:
+        """Export the audit writer's queue depth and counters (``stats``, ``queue_depth``)."""
+        self.registry.register(_AuditCollector(source))
+
+    # --- from audit events ---------------------------------------------------------------
+
+    def record_event(self, event: dict[str, Any]) -> None:
+        """Count one audit event: a finished request, or a watch that started streaming."""
+        user = event.get("user") or {}
+        driver = str(user.get("username") or _UNKNOWN)
+        audit_id = str(event.get("auditID", ""))
+        if event.get("stage") == "ResponseStarted":
+            self._watch_drivers[audit_id] = driver
+            self.watches.labels(driver).inc()
+            return
+        if (started := self._watch_drivers.pop(audit_id, None)) is not None:
+            self.watches.labels(started).dec()
+        ref = event.get("objectRef") or {}
+        resource = str(ref.get("resource") or _UNKNOWN)
+        if ref.get("subresource"):
+            resource = f"{resource}/{ref['subresource']}"
+        annotations = event.get("annotations") or {}
+        decision = str(annotations.get("authorization.k8s.io/decision") or "none")
+        code = str((event.get("responseStatus") or {}).get("code", 0))
+        verb = str(event.get("verb") or _UNKNOWN)
+        self.requests.labels(driver, verb, resource, decision, code).inc()
+        if decision == "forbid":
+            reason = str(annotations.get("authorization.k8s.io/reason") or _UNKNOWN)[:100]
+            if reason not in self._reasons:
+                # Reasons are short rule texts, but some name a path: bound the label set.
+                reason = "other" if len(self._reasons) >= _MAX_REASONS else reason
+                self._reasons.add(reason)
+            self.refusals.labels(driver, reason).inc()
+
+    # --- in-flight requests ----------------------------------------------------------------
+
+    def middleware(self, driver_of: Callable[[web.Request], str]) -> Any:
+        """An aiohttp middleware counting requests in flight by ``driver_of(request)``."""
+        gauge = self.in_flight
+
+        @web.middleware
+        async def count_in_flight(
+            request: web.Request,
+            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        ) -> web.StreamResponse:
+            child = gauge.labels(driver_of(request))
+            child.inc()
+            try:
+                return await handler(request)
+            finally:
+                child.dec()
+
+        return count_in_flight
+
+    # --- upstream --------------------------------------------------------------------------
+
+    def upstream_trace(self, watches: UpstreamWatches) -> aiohttp.TraceConfig:
+        """A client trace timing the upstream's answers and tracking its open watches."""
+        trace = aiohttp.TraceConfig()
+        histogram = self.upstream_latency
+
+        async def on_start(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+            ctx.started = time.monotonic()
+
+        async def on_end(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+            histogram.labels(params.method).observe(time.monotonic() - ctx.started)
+            if params.url.query.get("watch") in ("true", "1", "True", "TRUE", "t", "T"):
+                watches.add(params.response)
+
+        trace.on_request_start.append(on_start)
+        trace.on_request_end.append(on_end)
+        trace.freeze()
+        return trace
+
+
+class UpstreamWatches:
+    """The upstream watch responses still open: ended cleanly on shutdown."""
+
+    def __init__(self) -> None:
+        self._responses: weakref.WeakSet[aiohttp.ClientResponse] = weakref.WeakSet()
+
+    def add(self, response: aiohttp.ClientResponse) -> None:
+        self._responses.add(response)
+
+    def end_all(self) -> int:
+        """End every open watch stream as if the apiserver had closed it; how many were open.
+
+        Reading from the upstream is paused first, so nothing arrives after the end; the
+        proxy then finishes the driver's response normally (its informer re-lists/re-watches).
+        """
+        ended = 0
+        for response in list(self._responses):
+            if response.closed or response.content.is_eof():
+                continue
+            connection = response.connection
+            if connection is not None:
+                if connection.protocol is not None:
+                    connection.protocol.force_close()  # never back into the pool
+                if connection.transport is not None:
+                    connection.transport.pause_reading()
+            response.content.feed_eof()
+            ended += 1
+        return ended
+
+
+class MeteredSink:
+    """An audit sink that counts every event in :class:`Metrics`, then passes it on."""
+
+    def __init__(self, inner: AuditSink, metrics: Metrics) -> None:
+        self.inner = inner
+        self._metrics = metrics
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        try:
+            self._metrics.record_event(event)
+        finally:
+            await self.inner.emit(event)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _AuditCollector(Collector):
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._writer.stats
+        depth = GaugeMetricFamily(
+            "dra_gatekeeper_audit_queue_depth", "Audit events waiting to be written."
+        )
+        depth.add_metric([], float(self._writer.queue_depth))
+        yield depth
+        for name, text, value in (
+            ("dra_gatekeeper_audit_events_written", "Audit events written.", stats.written),
+            (
+                "dra_gatekeeper_audit_write_errors",
+                "Failed audit writes (retried).",
+                stats.write_errors,
+            ),
+            (
+                "dra_gatekeeper_audit_events_lost",
+                "Audit events that could not be written.",
+                stats.lost,
+            ),
+        ):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], float(value))
+            yield counter

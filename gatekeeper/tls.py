@@ -1,0 +1,191 @@
+"""The mTLS listener's TLS: a context that follows its files, and failed handshakes made visible.
+
+The listening socket keeps one :class:`ServerTLS` context for its whole life; each new
+connection is wrapped by the context built from the files as they were at the last
+:meth:`ServerTLS.reload`, so a renewed serving certificate or client CA applies to the next
+connection without a restart, and established ones are untouched (DESIGN §4.2).
+
+A handshake that fails (a client certificate from another CA, plain HTTP on the TLS port) is
+otherwise silent in asyncio: it is counted here and logged once per peer address and minute.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gatekeeper.errors import ConfigError
+
+__all__ = ["PeerSocket", "ServerTLS", "TLSFiles", "file_identity"]
+
+log = logging.getLogger("gatekeeper.tls")
+
+_LOG_EVERY_SECONDS = 60.0
+_PEER: contextvars.ContextVar[str] = contextvars.ContextVar("gatekeeper_tls_peer", default="")
+
+
+def file_identity(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime ns) of ``path`` following symlinks (a ConfigMap's ``..data`` swap)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """The files of the mTLS listener: serving certificate and key, and the client CA."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+    def identity(self) -> tuple[object, ...]:
+        return tuple(file_identity(p) for p in (self.cert_file, self.key_file, self.client_ca_file))
+
+
+def _build_context(files: TLSFiles, sslobject_class: type[ssl.SSLObject]) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A presented certificate must verify (else the handshake fails); a missing one gets a 401
+    # Status from the identity step, which a driver author can read (DESIGN §4.2).
+    context.verify_mode = ssl.CERT_OPTIONAL
+    try:
+        context.load_cert_chain(files.cert_file, files.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--tls-cert-file {files.cert_file} / --tls-key-file {files.key_file}: "
+            f"cannot load: {_reason(exc)}"
+        ) from None
+    try:
+        context.load_verify_locations(cafile=files.client_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--client-ca-file {files.client_ca_file}: cannot load: {_reason(exc)}"
+        ) from None
+    context.sslobject_class = sslobject_class
+    return context
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
+
+
+class ServerTLS(ssl.SSLContext):
+    """The listener's context: wraps each connection with the context of the current files.
+
+    Build it with :meth:`load` (ConfigError on unreadable files, before anything listens).
+    ``on_handshake_failure(peer, reason)`` is called for every failed handshake.
+    """
+
+    files: TLSFiles
+    on_handshake_failure: Callable[[str, str], None]
+    _current: ssl.SSLContext
+    _loaded: tuple[object, ...]
+    _logged: dict[str, float]
+    _sslobject_class: type[ssl.SSLObject]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ServerTLS:
+        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # ssl.SSLContext has no __init__ arguments beyond the protocol given to __new__.
+        pass
+
+    @classmethod
+    def load(cls, files: TLSFiles) -> ServerTLS:
+        """The context for ``files``; ConfigError naming the flag and file on any problem."""
+        self = cls()
+        self.files = files
+        self.on_handshake_failure = lambda peer, reason: None
+        self._logged = {}
+        self._sslobject_class = _counting_sslobject(self)
+        self._loaded = files.identity()
+        self._current = _build_context(files, self._sslobject_class)
+        return self
+
+    @property
+    def current(self) -> ssl.SSLContext:
+        """The context new connections get."""
+        return self._current
+
+    def changed(self) -> bool:
+        """Whether a file changed (inode, size or mtime) since the last load."""
+        return self.files.identity() != self._loaded
+
+    def reload(self) -> None:
+        """Load the files again; new connections use them. ConfigError keeps the old ones."""
+        identity = self.files.identity()
+        context = _build_context(self.files, self._sslobject_class)
+        self._current, self._loaded = context, identity
+
+    def not_after(self) -> datetime:
+        """When the serving certificate expires."""
+        from gatekeeper.certs import certificate_expiry
+
+        return certificate_expiry(self.files.cert_file)
+
+    def wrap_bio(  # type: ignore[override]
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        """asyncio's path: wrap with the current context."""
+        return self._current.wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+
+    def handshake_failed(self, reason: str) -> None:
+        peer = _PEER.get() or "unknown"
+        self.on_handshake_failure(peer, reason)
+        now = time.monotonic()
+        if now - self._logged.get(peer, -_LOG_EVERY_SECONDS) >= _LOG_EVERY_SECONDS:
+            self._logged[peer] = now
+            if len(self._logged) > 10_000:
+                self._logged = {p: t for p, t in self._logged.items() if now - t < 60}
+            log.warning("tls handshake failed peer=%s reason=%s", peer, reason)
+
+
+def _counting_sslobject(owner: ServerTLS) -> type[ssl.SSLObject]:
+    class _CountingSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except ssl.SSLError as exc:
+                # asyncio may call again after a failure: count each connection once.
+                if not getattr(self, "_gatekeeper_failed", False):
+                    self._gatekeeper_failed = True
+                    owner.handshake_failed(str(exc.reason or type(exc).__name__))
+                raise
+
+    return _CountingSSLObject
+
+
+class PeerSocket(socket.socket):
+    """A listening socket that records each accepted peer's address for the TLS handshake's log.
+
+    asyncio accepts, then runs the handshake in a task created right after ``accept()``: the
+    task copies the context, so the peer set here is what the handshake callbacks see.
+    """
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        if isinstance(address, tuple) and address:
+            _PEER.set(str(address[0]))  # the host: a client retrying comes from new ports
+        return conn, address

@@ -1,0 +1,246 @@
+"""deploy/: every manifest valid (kubernetes-validate --strict, offline), the kustomization
+complete, the RBAC exactly what the policy needs, the DaemonSet and image hardened."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gatekeeper.policy import load_policy
+from gatekeeper.rbac import render_cluster_role
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+K8S_VERSION = "1.32.0"
+NOT_MANIFESTS = {"kustomization.yaml", "policy.yaml"}
+MANIFESTS = sorted(path for path in DEPLOY.rglob("*.yaml") if path.name not in NOT_MANIFESTS)
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def daemonset() -> dict[str, Any]:
+    return documents(DEPLOY / "daemonset.yaml")[0]
+
+
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = daemonset()["spec"]["template"]["spec"]
+    return spec
+
+
+def gatekeeper_container() -> dict[str, Any]:
+    return next(c for c in pod_spec()["containers"] if c["name"] == "gatekeeper")
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_manifest_is_valid_strictly(path: Path) -> None:
+    docs = documents(path)
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_builds() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    top_level = {p.name for p in DEPLOY.glob("*.yaml")} - NOT_MANIFESTS
+    assert set(kustomization["resources"]) == top_level
+    generated = kustomization["configMapGenerator"][0]
+    assert generated["files"] == ["policy.yaml"]
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    built = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, check=True
+    ).stdout
+    objects = [doc for doc in yaml.safe_load_all(built) if doc]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
+    assert kinds == [
+        "ClusterRole/dra-gatekeeper",
+        "ClusterRoleBinding/dra-gatekeeper",
+        "ConfigMap/dra-gatekeeper-policy",
+        "DaemonSet/dra-gatekeeper",
+        "ServiceAccount/dra-gatekeeper",
+    ]
+    configmap = next(o for o in objects if o["kind"] == "ConfigMap")
+    assert configmap["data"]["policy.yaml"] == (DEPLOY / "policy.yaml").read_text()
+
+
+def test_clusterrole_is_exactly_what_the_policy_needs() -> None:
+    deployed = (DEPLOY / "clusterrole.yaml").read_text()
+    default = load_policy(None).with_drivers(frozenset({"gpu.example.com"}))
+    assert deployed == render_cluster_role(default)
+    assert deployed == render_cluster_role(load_policy(str(DEPLOY / "policy.yaml")))
+    out = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "policy", "rbac", "--driver", "gpu.example.com"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out == deployed
+
+
+def test_deployed_policy_is_the_default_with_its_drivers() -> None:
+    deployed = load_policy(str(DEPLOY / "policy.yaml"))
+    default = load_policy(None)
+    assert deployed.kinds == default.kinds
+    assert deployed.drivers == {"gpu.example.com"}
+
+
+def test_binding_gives_the_role_to_the_daemonset_account() -> None:
+    binding = documents(DEPLOY / "clusterrolebinding.yaml")[0]
+    account = documents(DEPLOY / "serviceaccount.yaml")[0]["metadata"]
+    assert (
+        binding["roleRef"]["name"] == documents(DEPLOY / "clusterrole.yaml")[0]["metadata"]["name"]
+    )
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    assert pod_spec()["serviceAccountName"] == account["name"]
+
+
+def test_daemonset_runs_beside_every_driver_hardened() -> None:
+    spec = pod_spec()
+    container = gatekeeper_container()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert {"operator": "Exists"} in spec["tolerations"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["privileged"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec.get("hostNetwork", False) is False
+    for init in spec.get("initContainers", []):
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert spec["terminationGracePeriodSeconds"] > 20
+
+
+def test_daemonset_volumes_policy_sockets_and_rotated_audit() -> None:
+    spec = pod_spec()
+    container = gatekeeper_container()
+    args = container["args"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert volumes["sockets"]["hostPath"]["path"] == "/var/run/dra-gatekeeper"
+    assert "--socket-dir=/var/run/dra-gatekeeper" in args
+    assert mounts["sockets"]["mountPath"] == "/var/run/dra-gatekeeper"
+    # The policy comes from the ConfigMap, mounted as a directory so updates reach the pod.
+    assert volumes["policy"]["configMap"]["name"] == "dra-gatekeeper-policy"
+    assert "subPath" not in mounts["policy"]
+    assert f"--policy={mounts['policy']['mountPath']}/policy.yaml" in args
+    assert volumes["audit"]["hostPath"]["path"] == "/var/log/dra-gatekeeper"
+    assert "--audit-log=/var/log/dra-gatekeeper/audit.log" in args
+    assert any(a.startswith("--audit-log-maxsize=") for a in args)
+    assert any(a.startswith("--audit-log-maxbackup=") for a in args)
+    # Nothing else of the host: not /var/lib/kubelet (every pod's volumes).
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/var/run/dra-gatekeeper", "/var/log/dra-gatekeeper"}
+    health = next(a for a in args if a.startswith("--health-listen="))
+    port = int(health.rsplit(":", 1)[1])
+    assert {"name": "health", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_daemonset_args_are_accepted_by_serve() -> None:
+    from gatekeeper.cli import build_parser
+
+    ns = build_parser().parse_args(gatekeeper_container()["args"])
+    assert ns.command == "serve" and ns.audit_log_maxsize == 100
+
+
+def test_example_driver_mounts_only_its_own_socket_directory() -> None:
+    docs = documents(DEPLOY / "examples" / "driver-pod.yaml")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    host_paths = [v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v]
+    assert host_paths == ["/var/run/dra-gatekeeper/gpu.example.com"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert 65532 in pod["spec"]["securityContext"]["supplementalGroups"]
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    kubeconfig = yaml.safe_load(configmap["data"]["kubeconfig"])
+    assert kubeconfig["users"] == [{"name": "gpu.example.com", "user": {}}]
+    container = pod["spec"]["containers"][0]
+    socket_mount = next(m for m in container["volumeMounts"] if m["name"] == "gatekeeper-socket")
+    assert f"--unix-socket {socket_mount['mountPath']}/api.sock" in container["command"][-1]
+
+
+def _stages(text: str) -> list[list[tuple[str, str]]]:
+    lines: list[str] = []
+    for raw in text.replace("\\\n", " ").splitlines():
+        if raw.strip() and not raw.lstrip().startswith("#"):
+            lines.append(raw.strip())
+    stages: list[list[tuple[str, str]]] = []
+    for line in lines:
+        instruction, _, rest = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((instruction.upper(), rest.strip()))
+    return stages
+
+
+def test_dockerfile_final_stage_is_slim_non_root_without_build_tools() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    base = next(
+        line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ARG PYTHON_IMAGE=")
+    )
+    assert base.startswith("python:3.") and "-slim" in base
+    stages = _stages(text)
+    assert len(stages) >= 2, "multi-stage: the build tools stay in the build stage"
+    final = stages[-1]
+    assert final[0] == ("FROM", "${PYTHON_IMAGE}")
+    users = [rest for instruction, rest in final if instruction == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert users[-1].split(":")[0].isdigit(), "numeric: runAsNonRoot can check it"
+    runs = " ".join(rest for instruction, rest in final if instruction == "RUN")
+    for tool in ("apt-get install", "gcc", "build-essential", "pip install"):
+        assert tool not in runs
+    assert "pip uninstall" in runs
+    copies = [rest for instruction, rest in final if instruction == "COPY"]
+    assert copies == ["--from=build /opt/dra-gatekeeper /opt/dra-gatekeeper"]
+    env = " ".join(rest for instruction, rest in final if instruction == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env  # nothing written under a read-only root
+    entry = [rest for instruction, rest in final if instruction == "ENTRYPOINT"]
+    assert entry == ['["/opt/dra-gatekeeper/bin/dra-gatekeeper"]']
+    build_copies = [rest for instruction, rest in stages[0] if instruction == "COPY"]
+    assert "gatekeeper ./gatekeeper" in build_copies
+
+
+def _docker_can_build() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    result = subprocess.run([docker, "info"], capture_output=True, timeout=20)
+    return result.returncode == 0
+
+
+@pytest.mark.skipif(not _docker_can_build(), reason="no docker engine here")
+def test_dockerfile_builds_and_runs() -> None:
+    root = DEPLOY.parent
+    tag = "dra-gatekeeper:test"
+    subprocess.run(
+        ["docker", "build", "-f", str(DEPLOY / "Dockerfile"), "-t", tag, str(root)],
+        check=True,
+        timeout=900,
+    )
+    out = subprocess.run(
+        ["docker", "run", "--rm", "--read-only", tag, "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert out.startswith("dra-gatekeeper ")

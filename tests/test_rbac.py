@@ -1,0 +1,103 @@
+"""``dra-gatekeeper policy rbac``: the ClusterRole follows the policy's kinds, verbs and drivers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gatekeeper.policy import load_policy, parse_policy
+from gatekeeper.rbac import cluster_role, run_policy_command
+
+WIDGETS = """
+apiVersion: gatekeeper.dra.k8s.io/v1alpha1
+kind: Policy
+drivers: [w.example.com]
+kinds:
+  - group: widgets.example.com
+    resource: widgets
+    kind: Widget
+    scope: Namespaced
+    rule: NodeLocal
+    verbs: [create, list]
+    versions:
+      v1: {driver: spec.driver, node: spec.nodeName}
+"""
+
+
+def rules_by_resource(role: dict) -> dict[str, dict]:
+    return {rule["resources"][0]: rule for rule in role["rules"] if "resources" in rule}
+
+
+def test_default_policy_rules() -> None:
+    role = cluster_role(load_policy(None).with_drivers(frozenset({"b.example", "a.example"})))
+    rules = rules_by_resource(role)
+    assert set(rules) == {
+        "resourceslices",
+        "devicepools",
+        "resourceclaims",
+        "resourceclaims/status",
+        "resourceclaims/driver",
+    }
+    assert rules["resourceslices"]["verbs"] == [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ]
+    # Claims: read, and write only the status; never create or delete.
+    assert rules["resourceclaims"]["verbs"] == ["get", "list", "watch"]
+    assert rules["resourceclaims/status"]["verbs"] == ["get", "update", "patch"]
+    driver_rule = rules["resourceclaims/driver"]
+    assert driver_rule["verbs"] == ["associated-node:patch", "associated-node:update"]
+    assert driver_rule["resourceNames"] == ["a.example", "b.example"]
+    assert driver_rule["apiGroups"] == ["resource.k8s.io"]
+    assert role["rules"][-1] == {
+        "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"],
+        "verbs": ["get"],
+    }
+    assert "nodes" not in rules and "secrets" not in rules
+
+
+def test_a_new_kind_gets_its_verbs_and_nothing_for_claims() -> None:
+    role = cluster_role(parse_policy(WIDGETS, "widgets.yaml"))
+    rules = rules_by_resource(role)
+    assert set(rules) == {"widgets"}
+    assert rules["widgets"] == {
+        "apiGroups": ["widgets.example.com"],
+        "resources": ["widgets"],
+        "verbs": ["list", "create"],
+    }
+
+
+def test_writes_add_get_for_the_fetch_before_deciding() -> None:
+    text = WIDGETS.replace("verbs: [create, list]", "verbs: [delete]")
+    rules = rules_by_resource(cluster_role(parse_policy(text, "w.yaml")))
+    assert rules["widgets"]["verbs"] == ["get", "delete"]
+
+
+def test_any_driver_has_no_resource_names() -> None:
+    role = cluster_role(load_policy(None).with_drivers(frozenset({"*"})))
+    assert "resourceNames" not in rules_by_resource(role)["resourceclaims/driver"]
+
+
+def test_command_prints_yaml_and_refuses_a_policy_without_drivers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "w.yaml"
+    policy.write_text(WIDGETS)
+    assert run_policy_command(["rbac", "--policy", str(policy), "--name", "gk"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["metadata"]["name"] == "gk" and printed["kind"] == "ClusterRole"
+    result = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "policy", "rbac"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no drivers" in result.stderr

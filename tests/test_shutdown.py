@@ -1,0 +1,98 @@
+"""Graceful shutdown of a real ``serve`` process: SIGTERM during a write and a watch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+
+from gatekeeper.testing import APIServer, resource_slice
+from tests.conftest import GPU, NODE
+from tests.test_cli import SERVE, kubeconfig
+from tests.test_server import free_port
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
+
+
+async def wait_ready(port: int) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
+                    if ready.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("serve did not become ready")
+
+
+async def test_sigterm_finishes_the_write_ends_the_watch_and_flushes_the_audit(
+    apiserver: APIServer, tmp_path: Path
+) -> None:
+    sockets, audit, health = tmp_path / "s", tmp_path / "audit.log", free_port()
+    process = await asyncio.create_subprocess_exec(
+        *SERVE,
+        *("--node-name", NODE, "--driver", GPU, "--socket-dir", str(sockets)),
+        *("--kubeconfig", kubeconfig(tmp_path / "kc", apiserver.url)),
+        *("--health-listen", f"127.0.0.1:{health}", "--audit-log", str(audit)),
+        *("--shutdown-grace-period", "20"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    socket = sockets / GPU / "api.sock"
+    try:
+        await wait_ready(health)
+        connector = aiohttp.UnixConnector(path=str(socket), limit=4)
+        async with aiohttp.ClientSession("http://localhost", connector=connector) as session:
+            watch = await session.get(f"{SLICES}?{PINNED}&watch=true")
+            assert watch.status == 200
+            body_started, release = asyncio.Event(), asyncio.Event()
+            payload = json.dumps(resource_slice(f"{NODE}-late", driver=GPU, node=NODE)).encode()
+
+            async def slow_body() -> AsyncIterator[bytes]:
+                yield payload[:10]
+                body_started.set()
+                await release.wait()
+                yield payload[10:]
+
+            write = asyncio.ensure_future(
+                session.post(
+                    SLICES,
+                    data=slow_body(),
+                    headers={"Content-Type": "application/json"},
+                )
+            )
+            await body_started.wait()
+            await asyncio.sleep(0.2)  # the request is in the gatekeeper, its body half sent
+            process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)  # the gatekeeper has begun to stop meanwhile
+            release.set()
+            response = await asyncio.wait_for(write, 20)
+            assert response.status == 201, await response.text()
+            created = await response.json()
+            assert created["metadata"]["name"] == f"{NODE}-late"
+            # The watch ends cleanly (no broken stream): the driver's informer re-watches.
+            rest = await asyncio.wait_for(watch.content.read(), 20)
+            assert b"ERROR" not in rest
+            watch.release()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            _, err = await process.communicate()
+            print(err.decode())
+    assert process.returncode == 0, err.decode()
+    assert "stopping: draining in-flight requests" in err.decode()
+    assert not socket.exists()
+    assert apiserver.get("resource.k8s.io", "resourceslices", f"{NODE}-late") is not None
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    completed = [e for e in events if e["stage"] == "ResponseComplete"]
+    watches = [e for e in completed if e["verb"] == "watch"]
+    creates = [e for e in completed if e["verb"] == "create"]
+    assert len(watches) == 1 and watches[0]["responseStatus"]["code"] == 200
+    assert len(creates) == 1 and creates[0]["responseStatus"]["code"] == 201
