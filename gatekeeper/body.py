@@ -10,7 +10,7 @@ import yaml
 
 from gatekeeper.errors import Refusal
 
-__all__ = ["MAX_BODY_BYTES", "decode_body", "decode_json", "read_limited"]
+__all__ = ["APPLY_YAML", "JSON", "MAX_BODY_BYTES", "decode_body", "decode_json", "read_limited"]
 
 JSON = "application/json"
 APPLY_YAML = "application/apply-patch+yaml"

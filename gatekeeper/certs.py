@@ -13,10 +13,10 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -24,12 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.identity import client_cert_common_name
 from gatekeeper.names import is_driver_name
 
 __all__ = [
     "IssuedCert",
     "certificate_expiry",
-    "client_cert_common_name",
     "create_ca",
     "describe_certificate",
     "issue_client_cert",
@@ -259,7 +259,7 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
     """``certs show``: the subject CN (the driver, for a client cert), role, issuer, validity."""
     cert = _load_pem_file(path)
     now = now or datetime.datetime.now(datetime.UTC)
-    cn = _cn_from_der(cert.public_bytes(serialization.Encoding.DER)) or "-"
+    cn = client_cert_common_name(cert.public_bytes(serialization.Encoding.DER)) or "-"
     try:
         is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
@@ -292,37 +292,6 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
 
 
 # --- peer identity ---------------------------------------------------------------------------
-
-
-def client_cert_common_name(der_or_peercert: bytes | Mapping[str, Any] | None) -> str | None:
-    """The subject CN of a peer certificate, or None if there is not exactly one.
-
-    Accepts ``SSLObject.getpeercert()``'s dict, or DER bytes (``getpeercert(binary_form=True)``).
-    Several CNs are ambiguous (Go takes the last, others the first), so they yield None.
-    """
-    if not der_or_peercert:
-        return None
-    if isinstance(der_or_peercert, bytes | bytearray | memoryview):
-        return _cn_from_der(bytes(der_or_peercert))
-    subject = der_or_peercert.get("subject") or ()
-    names = [
-        value
-        for rdn in subject
-        for attr, value in rdn
-        if attr == "commonName" and isinstance(value, str)
-    ]
-    return names[0] if len(names) == 1 and names[0] else None
-
-
-def _cn_from_der(der: bytes) -> str | None:
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError:
-        return None
-    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if len(attrs) != 1 or not isinstance(attrs[0].value, str) or not attrs[0].value:
-        return None
-    return attrs[0].value
 
 
 # --- command line ----------------------------------------------------------------------------

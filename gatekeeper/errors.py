@@ -1,9 +1,12 @@
 """The gatekeeper's few errors.
 
 Exception
- ├── Refusal        a request the gatekeeper answers itself (4xx); rendered by status.py
+ ├── Refusal        a request refused before the engine (identity, headers, path, body: 4xx);
+ │                  the proxy records it as the request's one Decision
  ├── UpstreamError  the apiserver could not be reached or answered badly (502/503/504)
  └── ConfigError    bad flags, policy or kubeconfig; the command exits 2
+
+The engine's verdicts are not exceptions: they are :class:`~gatekeeper.policy.Decision` values.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ __all__ = ["ConfigError", "Refusal", "UpstreamError"]
 
 
 class Refusal(Exception):
-    """A request refused by the gatekeeper itself, answered with a Kubernetes Status.
+    """A request refused before the engine, answered with a Kubernetes Status.
 
     ``code`` is the HTTP status; ``reason`` is the short rule that failed (it reaches the
     audit annotation ``authorization.k8s.io/reason``); ``message`` is the full Status message

@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
 
-import aiohttp
-
-from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.errors import UpstreamError
+from gatekeeper.policy.claims import OUT_OF_SCOPE
+from gatekeeper.policy.decision import Decision, not_found
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
@@ -42,7 +41,7 @@ MAX_FILTERED_BODY = 64 * 1024 * 1024
 MAX_WATCH_LINE = 8 * 1024 * 1024
 """One watch event (one line) at most; an object is at most ~1.5 MiB in etcd."""
 
-Keep = Callable[[KubeObject], bool]
+_Keep = Callable[[KubeObject], bool]
 _Key = tuple[str, str]
 _PASSED = frozenset({"BOOKMARK", "ERROR"})
 _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
@@ -51,7 +50,7 @@ _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
 class WatchFilter:
     """Per-watch state: which objects the driver has been shown as in scope."""
 
-    def __init__(self, keep: Keep, shown: set[_Key] | None = None) -> None:
+    def __init__(self, keep: _Keep, shown: set[_Key] | None = None) -> None:
         self.keep = keep
         self.shown: set[_Key] = shown or set()
         """(namespace, name) of every object the client holds as in scope."""
@@ -85,21 +84,23 @@ class WatchFilter:
 
 
 async def scoped_chunks(
-    info: RequestInfo, content: aiohttp.StreamReader, keep: Keep, state: WatchFilter | None
-) -> AsyncIterator[bytes]:
+    info: RequestInfo, body: AsyncIterator[bytes], keep: _Keep, state: WatchFilter | None
+) -> AsyncIterator[bytes] | Decision:
     """The filtered body of a successful upstream answer, as chunks to write.
 
-    A get or list is read and filtered now (so an out-of-scope get can still become a 404);
-    a watch is filtered as it streams. Raises :class:`Refusal` (404) or :class:`UpstreamError`.
+    A get or list is read and filtered now, so that a get whose object left the driver's scope
+    since the engine's read is still answered as absent: that 404 is returned as the request's
+    Decision. A watch is filtered as it streams. Raises :class:`UpstreamError`.
     """
     if info.method == "HEAD":
         return _chunks([])
     if info.verb == "watch":
-        return _watch(content, state or WatchFilter(keep))
-    document = await _read_json(content, "response")
+        return _watch(body, state or WatchFilter(keep))
+    document = await _read_json(body, "response")
     if info.verb == "get":
         if not keep(document):
-            raise _not_found(info)
+            qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
+            return not_found(info, qualified, OUT_OF_SCOPE)
         return _chunks([_dump(document)])
     items = document.get("items")
     if not isinstance(items, list):
@@ -111,7 +112,7 @@ async def scoped_chunks(
     return _chunks([_dump(document)])
 
 
-async def prime_watch(upstream: Upstream, info: RequestInfo, keep: Keep) -> WatchFilter:
+async def prime_watch(upstream: Upstream, info: RequestInfo, keep: _Keep) -> WatchFilter:
     """The state of a watch that continues a list at ``resourceVersion``.
 
     The client holds what its list (filtered the same way) returned at that version, so that
@@ -122,25 +123,22 @@ async def prime_watch(upstream: Upstream, info: RequestInfo, keep: Keep) -> Watc
     rv = info.query_value("resourceVersion")
     if not rv or rv == "0" or info.query_value("sendInitialEvents") in _TRUE:
         return WatchFilter(keep)
-    pairs = [(k, v) for k, v in info.query if k in ("labelSelector", "fieldSelector")]
-    pairs += [("resourceVersion", rv), ("resourceVersionMatch", "Exact")]
-    target = f"{info.path}?{urlencode(pairs, quote_via=quote)}"
+    listing = info.as_list(("labelSelector", "fieldSelector"))
+    listing = listing.with_query("resourceVersion", rv).with_query("resourceVersionMatch", "Exact")
     headers = {"Accept": PLAIN_JSON}
-    if token := upstream.token():
-        headers["Authorization"] = f"Bearer {token}"
-    async with upstream.request("GET", target, headers, None, long_running=False) as response:
-        if response.status != 200:
+    async with upstream.stream("GET", listing.target, headers, None, long_running=False) as answer:
+        if answer.status != 200:
             return WatchFilter(keep)  # the watch itself will answer (410 Expired, most likely)
-        document = await _read_json(response.content, "list")
+        document = await _read_json(answer.chunks(), "list")
     items = document.get("items")
     if not isinstance(items, list):
         return WatchFilter(keep)
     return WatchFilter(keep, {_key(item) for item in items if keep(item)})
 
 
-async def _watch(content: aiohttp.StreamReader, state: WatchFilter) -> AsyncIterator[bytes]:
+async def _watch(body: AsyncIterator[bytes], state: WatchFilter) -> AsyncIterator[bytes]:
     try:
-        async for line in _lines(content.iter_any(), MAX_WATCH_LINE):
+        async for line in _lines(body, MAX_WATCH_LINE):
             try:
                 event = json.loads(line)
             except ValueError:
@@ -178,9 +176,9 @@ async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
         yield bytes(buffer)
 
 
-async def _read_json(content: aiohttp.StreamReader, what: str) -> KubeObject:
+async def _read_json(body: AsyncIterator[bytes], what: str) -> KubeObject:
     return await read_json_object(
-        content,
+        body,
         f"filtered {what}",
         limit=MAX_FILTERED_BODY,
         too_large=", the most the gatekeeper filters in memory: list in pages (limit=)",
@@ -195,19 +193,9 @@ def _key(obj: KubeObject) -> _Key:
 
 def _stub(obj: KubeObject) -> KubeObject:
     """What a DELETED event for an object that left scope shows: its identity only."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = raw if isinstance(raw := obj.get("metadata"), dict) else {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
-
-
-def _not_found(info: RequestInfo) -> Refusal:
-    qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
-    return Refusal(
-        404,
-        "object not found",
-        f'{qualified} "{info.name}" not found',
-        details={"group": info.api_group, "kind": info.resource, "name": info.name},
-    )
 
 
 def _error_event(message: str) -> bytes:

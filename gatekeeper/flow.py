@@ -7,17 +7,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gatekeeper.errors import Refusal
-from gatekeeper.identity import Identity
 from gatekeeper.policy.decision import Decision
+from gatekeeper.policy.plan import Preview
 from gatekeeper.requestinfo import RequestInfo
-from gatekeeper.types import KubeObject
+from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["Flow"]
+__all__ = ["Flow", "Forwarded"]
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """What the gatekeeper sent upstream for a request (audit ``dra-gatekeeper.io/forwarded``)."""
+
+    method: str
+    target: str
+    """Path and canonical query, as sent."""
+    media_type: str | None = None
+    """Content type of the forwarded body; None when there is no body."""
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.target}"
 
 
 @dataclass(slots=True)
@@ -38,11 +51,12 @@ class Flow:
     media_type: str = "application/json"
     current: KubeObject | None = None
     """The stored object fetched before deciding, if any."""
-    proposed: KubeObject | None = None
-    """The upstream's dry-run result of a strategic-merge or apply patch."""
+    proposed: Preview | None = None
+    """The dry run of a strategic-merge or apply patch, with the upstream's answer."""
     decision: Decision | None = None
-    refusal: Refusal | None = None
-    """Set when the gatekeeper answered the request itself (any 4xx it produced)."""
+    """The one verdict: the engine's, or a refusal made before it (headers, path, body)."""
+    forwarded: Forwarded | None = None
+    """What was sent upstream, when the request was forwarded."""
     status_code: int = 0
     status_message: str = ""
     response_object: KubeObject | None = None

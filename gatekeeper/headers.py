@@ -45,9 +45,10 @@ def screen_request(method: str, headers: Mapping[str, str]) -> None:
 
 
 def forwarded_request_headers(
-    headers: Mapping[str, str], *, audit_id: str, token: str | None, content_type: str | None
+    headers: Mapping[str, str], *, audit_id: str, content_type: str | None
 ) -> dict[str, str]:
-    """An allow-list copy: nothing the driver sent about credentials or hops reaches upstream."""
+    """An allow-list copy: nothing the driver sent about credentials or hops reaches upstream
+    (the upstream adds the node's own credentials)."""
     # Headers the driver named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
     hop = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
     out = {
@@ -57,8 +58,6 @@ def forwarded_request_headers(
     if content_type is not None:
         out["Content-Type"] = content_type
     out["Audit-ID"] = audit_id
-    if token:
-        out["Authorization"] = f"Bearer {token}"
     return out
 
 

@@ -31,7 +31,7 @@ def upstream_probe(upstream: Upstream) -> Probe:
 
     async def probe() -> str | None:
         try:
-            status, _ = await upstream.call("GET", "/version")
+            status, _ = await upstream.request("GET", "/version")
         except UpstreamError as exc:
             return exc.message
         return None if status == 200 else f"upstream answered GET /version with HTTP {status}"

@@ -1,30 +1,25 @@
-"""Who is calling: the driver behind a Unix socket directory or an mTLS client certificate."""
+"""Who is calling: the driver behind a Unix socket directory or an mTLS client certificate.
+
+The :class:`~gatekeeper.types.Identity` value itself lives in :mod:`gatekeeper.types` (no I/O);
+it is re-exported here.
+"""
 
 from __future__ import annotations
 
 import socket
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.certs import client_cert_common_name
-from gatekeeper.errors import Refusal
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
-__all__ = ["DRIVERS_GROUP", "Identity", "identify"]
+from gatekeeper.errors import Refusal
+from gatekeeper.types import Identity
+
+__all__ = ["DRIVERS_GROUP", "Identity", "client_cert_common_name", "identify"]
 
 DRIVERS_GROUP = "dra-gatekeeper:drivers"
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """An authenticated caller. ``driver`` is the DRA driver name (audit ``user.username``)."""
-
-    driver: str
-    transport: str
-    """``unix`` or ``mtls``."""
-    peer: Mapping[str, str] = field(default_factory=dict)
-    """Peer facts for the audit event: uid/gid/pid (Unix) or certificate serial (mTLS)."""
 
 
 def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:
@@ -68,3 +63,34 @@ def _cert_facts(cert: Mapping[str, Any]) -> dict[str, str]:
     if "notAfter" in cert:
         facts["certNotAfter"] = str(cert["notAfter"])
     return facts
+
+
+def client_cert_common_name(der_or_peercert: bytes | Mapping[str, Any] | None) -> str | None:
+    """The subject CN of a peer certificate, or None if there is not exactly one.
+
+    Accepts ``SSLObject.getpeercert()``'s dict, or DER bytes (``getpeercert(binary_form=True)``).
+    Several CNs are ambiguous (Go takes the last, others the first), so they yield None.
+    """
+    if not der_or_peercert:
+        return None
+    if isinstance(der_or_peercert, bytes | bytearray | memoryview):
+        return _cn_from_der(bytes(der_or_peercert))
+    subject = der_or_peercert.get("subject") or ()
+    names = [
+        value
+        for rdn in subject
+        for attr, value in rdn
+        if attr == "commonName" and isinstance(value, str)
+    ]
+    return names[0] if len(names) == 1 and names[0] else None
+
+
+def _cn_from_der(der: bytes) -> str | None:
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError:
+        return None
+    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(attrs) != 1 or not isinstance(attrs[0].value, str) or not attrs[0].value:
+        return None
+    return attrs[0].value

@@ -2,35 +2,22 @@
 
 Those patch types depend on schema knowledge (list merge keys, ``$patch`` directives, field
 ownership) that the gatekeeper does not compile in, so the apiserver computes the result with
-``dryRun=All``, pinned to the version that was fetched (DESIGN §4.4).
+``dryRun=All``. The request is the plan's :class:`~gatekeeper.policy.plan.Preview`, pinned to
+the version that was fetched (DESIGN §4.4); the same pinned patch is forwarded after the check.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.policy.integrity import stored_resource_version
-from gatekeeper.policy.patching import PatchError, pin_patch
-from gatekeeper.requestinfo import RequestInfo
-from gatekeeper.types import KubeObject
+from gatekeeper.policy.plan import Preview
 from gatekeeper.upstream import Upstream
 
 __all__ = ["preview_patch"]
 
 
-async def preview_patch(
-    upstream: Upstream, info: RequestInfo, media_type: str, patch: Any, current: KubeObject
-) -> KubeObject:
-    """The object a strategic-merge or apply patch of ``current`` would store."""
-    resource_version = stored_resource_version(current)
-    try:
-        pinned = pin_patch(media_type, patch, resource_version)
-    except PatchError as exc:
-        raise Refusal(422, str(exc)) from exc
-    target = info.with_query("dryRun", "All")
-    status, result = await upstream.call("PATCH", target.target, pinned, media_type)
-    if status >= 400:
-        # The real patch would fail the same way; the driver gets the apiserver's answer.
-        raise UpstreamError(status, str(result.get("message", "patch preview failed")))
-    return result
+async def preview_patch(upstream: Upstream, preview: Preview) -> Preview:
+    """``preview`` with the upstream's answer: what the patch would store, or the apiserver's
+    Status when it rejects it (the engine then passes that answer to the driver)."""
+    status, result = await upstream.request(
+        "PATCH", preview.dry_run.target, preview.body, preview.media_type
+    )
+    return preview.answered(status, result)

@@ -27,16 +27,18 @@ from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
-from gatekeeper.flow import Flow
+from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
 from gatekeeper.identity import identify
-from gatekeeper.policy import Engine
+from gatekeeper.policy import Decision, Engine
+from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
-from gatekeeper.upstream import Upstream
+from gatekeeper.types import KubeObject
+from gatekeeper.upstream import Upstream, UpstreamResponse
 
-__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "handle"]
+__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
 
 log = logging.getLogger("gatekeeper.proxy")
 
@@ -85,42 +87,53 @@ async def handle(request: web.Request) -> web.StreamResponse:
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
         flow.media_type, flow.body = await read_body(request, flow.info)
-        if (path := gk.engine.lookup(flow.identity, flow.info)) is not None:
-            flow.current = await gk.upstream.fetch(path)
-        if gk.engine.needs_preview(flow.identity, flow.info, flow.current, flow.media_type):
-            flow.proposed = await preview_patch(
-                gk.upstream, flow.info, flow.media_type, flow.body, flow.current
-            )
-        flow.decision = gk.engine.decide(
-            flow.identity,
-            flow.info,
-            flow.body,
-            flow.current,
-            media_type=flow.media_type,
-            proposed=flow.proposed,
-        )
-        if not flow.decision.allowed:
-            decision = flow.decision
-            raise Refusal(
-                decision.code, decision.reason, decision.message, details=decision.details
-            )
-        return await forward(request, flow, gk.upstream)
+        flow.decision = await decide(gk, flow)
+        if flow.decision.forwards:
+            return await forward(request, flow, gk)
+        return _answer(flow, flow.decision)
     except Refusal as refusal:
-        flow.refusal = refusal
-        return _status_response(
-            flow, refusal.code, refusal.message, refusal.details, retry_after=refusal.retry_after
+        # Refused before the engine (identity, headers, path, body): the one verdict is this.
+        flow.decision = Decision(
+            allowed=False,
+            reason=refusal.reason,
+            code=refusal.code,
+            message=refusal.message,
+            details=refusal.details,
+            retry_after=refusal.retry_after,
         )
+        return _answer(flow, flow.decision)
     except UpstreamError as error:
         log.warning(
             "upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message
         )
-        return _status_response(
-            flow, error.code, error.message, {}, retry_after=1 if error.code == 503 else None
-        )
+        if flow.decision is None:
+            # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
+            flow.decision = deny(error.code, f"no decision, the upstream failed: {error.message}")
+        retry_after = 1 if error.code == 503 else None
+        failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
+        return _answer(flow, failed)
+    except Exception as exc:
+        # A fault of the gatekeeper's own: the event carries the true code (aiohttp answers 500).
+        flow.finish(500, f"internal error: {type(exc).__name__}")
+        raise
     finally:
         if flow.completed is None:
-            flow.finish(flow.status_code or 499, "client disconnected")
+            # Cancelled: the driver went away (or the server is stopping) mid-request.
+            flow.finish(499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
+
+
+async def decide(gk: Gatekeeper, flow: Flow) -> Decision:
+    """The engine's conversation: plan, read what it needs, decide."""
+    assert flow.identity is not None and flow.info is not None
+    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type)
+    if isinstance(plan, Decision):
+        return plan
+    if plan.fetch is not None:
+        flow.current = await gk.upstream.fetch(plan.fetch)
+    if (preview := plan.preview(flow.body, flow.current)) is not None:
+        flow.proposed = await preview_patch(gk.upstream, preview)
+    return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
 
 
 async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
@@ -137,67 +150,38 @@ async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
     return media_type, decoded
 
 
-async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.StreamResponse:
+async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
     assert decision is not None and decision.target is not None
     target = decision.target
     payload = None if decision.body is None else json.dumps(decision.body).encode()
+    media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
-        request.headers,
-        audit_id=flow.audit_id,
-        token=upstream.token(),
-        content_type=None if payload is None else decision.media_type,
+        request.headers, audit_id=flow.audit_id, content_type=media_type
     )
-    watch_state: WatchFilter | None = None
-    if decision.filter is not None:
-        # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
-        # a Table or metadata-only answer cannot be, so it is never asked for.
-        headers["Accept"] = PLAIN_JSON
-        if flow.long_running:
-            watch_state = await prime_watch(upstream, target, decision.filter)
+    watch_state = await _prepare_filter(flow, decision, headers, gk.upstream)
+    flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     try:
-        async with upstream.request(
+        async with gk.upstream.stream(
             target.method, target.target, headers, payload, long_running=flow.long_running
-        ) as upstream_response:
-            flow.upstream_audit_id = upstream_response.headers.get("Audit-Id", "")
-            flow.status_code = upstream_response.status
+        ) as answer:
+            flow.upstream_audit_id = answer.headers.get("Audit-Id", "")
+            flow.status_code = answer.status
+            body = answer.chunks()
+            if answer.status < 400 and decision.filter is not None:
+                scoped = await scoped_chunks(target, body, decision.filter, watch_state)
+                if isinstance(scoped, Decision):
+                    # The object left the driver's scope after the engine's read: one 404.
+                    flow.decision = scoped
+                    return _answer(flow, scoped)
+                body = scoped
             response = web.StreamResponse(
-                status=upstream_response.status,
-                headers=response_headers(upstream_response.headers, audit_id=flow.audit_id),
+                status=answer.status,
+                headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            gk = request.app[GATEKEEPER]
-            capture = ResponseCapture(
-                gk.audit_level is AuditLevel.REQUEST_RESPONSE
-                and logs_bodies(flow.info)
-                and not flow.long_running,
-                upstream_response.headers.get("Content-Type", ""),
-            )
-            if upstream_response.status >= 400:
-                payload = await upstream_response.content.read(_MAX_CAPTURED_ERROR)
-                flow.status_message = _message_of(payload)
-                await response.prepare(request)
-                capture.feed(payload)
-                await response.write(payload)
-                async for chunk in upstream_response.content.iter_any():
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            else:
-                chunks: AsyncIterator[bytes] = upstream_response.content.iter_any()
-                if decision.filter is not None:
-                    chunks = await scoped_chunks(
-                        target, upstream_response.content, decision.filter, watch_state
-                    )
-                await response.prepare(request)
-                flow.response_started = datetime.now(UTC)
-                if flow.long_running:
-                    event = build_event(flow, gk.audit_level, STAGE_STARTED)
-                    await gk.audit.emit(event)
-                async for chunk in chunks:
-                    capture.feed(chunk)
-                    await response.write(chunk)
-            await response.write_eof()
+            flow.response_object = await _relay(request, response, flow, gk, answer, body)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -209,28 +193,77 @@ async def forward(request: web.Request, flow: Flow, upstream: Upstream) -> web.S
         if request.transport is not None:
             request.transport.close()
         return response
-    flow.response_object = capture.result()
-    flow.finish(upstream_response.status)
+    except ConnectionResetError:
+        # The driver went away while its answer was written: its disconnect, not the upstream's.
+        if response is None:
+            raise
+        flow.finish(499, "client disconnected")
+        return response
+    flow.finish(answer.status)
     return response
 
 
-def _status_response(
+async def _prepare_filter(
+    flow: Flow, decision: Decision, headers: dict[str, str], upstream: Upstream
+) -> WatchFilter | None:
+    """For a response filtered object by object: plain JSON, and a watch's starting state."""
+    if decision.filter is None or decision.target is None:
+        return None
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    if not flow.long_running:
+        return None
+    return await prime_watch(upstream, decision.target, decision.filter)
+
+
+async def _relay(
+    request: web.Request,
+    response: web.StreamResponse,
     flow: Flow,
-    code: int,
-    message: str,
-    details: dict[str, str],
-    *,
-    retry_after: int | None,
-) -> web.Response:
-    extra: dict[str, object] = dict(details)
+    gk: Gatekeeper,
+    answer: UpstreamResponse,
+    body: AsyncIterator[bytes],
+) -> KubeObject | None:
+    """Write the upstream's answer to the driver; the captured response object, if logged."""
+    capture = ResponseCapture(
+        gk.audit_level is AuditLevel.REQUEST_RESPONSE
+        and logs_bodies(flow.info)
+        and not flow.long_running,
+        answer.headers.get("Content-Type", ""),
+    )
+    if answer.status >= 400:
+        head = await answer.read(_MAX_CAPTURED_ERROR)
+        flow.status_message = _message_of(head)
+        await response.prepare(request)
+        capture.feed(head)
+        await response.write(head)
+    else:
+        await response.prepare(request)
+        flow.response_started = datetime.now(UTC)
+        if flow.long_running:
+            await gk.audit.emit(build_event(flow, gk.audit_level, STAGE_STARTED))
+    async for chunk in body:
+        capture.feed(chunk)
+        await response.write(chunk)
+    await response.write_eof()
+    return capture.result()
+
+
+def _answer(flow: Flow, answer: Decision) -> web.Response:
+    """The gatekeeper's own answer: the apiserver's Status it was given, or one it writes."""
     headers = {"Audit-Id": flow.audit_id}
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-        extra["retryAfterSeconds"] = retry_after
-    body = status_body(code, message, details=extra or None)
+    if answer.response is not None:
+        body = answer.response
+    else:
+        extra: dict[str, object] = dict(answer.details)
+        if answer.retry_after is not None:
+            headers["Retry-After"] = str(answer.retry_after)
+            extra["retryAfterSeconds"] = answer.retry_after
+        body = status_body(answer.code, answer.message, details=extra or None)
     flow.response_object = body
-    flow.finish(code, message)
-    return web.json_response(body, status=code, headers=headers)
+    flow.finish(answer.code, answer.message)
+    return web.json_response(body, status=answer.code, headers=headers)
 
 
 def _message_of(payload: bytes) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote_to_bytes
 
@@ -35,6 +36,7 @@ ALLOWED_QUERY_PARAMETERS: frozenset[str] = frozenset(
 """Query keys passed on. The apiserver matches keys case-sensitively and silently ignores unknown
 ones (``?fieldselector=`` would list everything), so any other key is refused (DESIGN §4.5)."""
 
+_CREATE_QUERY = frozenset({"fieldManager", "fieldValidation", "dryRun", "pretty"})
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _BOOL_PARAMETERS = frozenset(
@@ -120,6 +122,23 @@ class RequestInfo:
         else:
             pairs = tuple((k, value if k == key else v) for k, v in self.query)
         return replace(self, query=pairs)
+
+    def as_create(self) -> RequestInfo:
+        """The create (POST to the collection) of the object this request names, with the query
+        keys a create takes (``fieldManager``, ``fieldValidation``, ``dryRun``, ``pretty``)."""
+        if not self.is_resource_request or not self.name or self.subresource:
+            raise ValueError(f"{self.path} does not name an object to create")
+        query = tuple(pair for pair in self.query if pair[0] in _CREATE_QUERY)
+        collection = self.path.rsplit("/", 1)[0]
+        return replace(self, method="POST", path=collection, query=query, verb="create", name="")
+
+    def as_list(self, keep: Iterable[str]) -> RequestInfo:
+        """The list (GET) of this request's collection with only the query keys in ``keep``."""
+        if not self.is_resource_request or self.name:
+            raise ValueError(f"{self.path} is not a collection")
+        wanted = frozenset(keep) - {"watch"}
+        query = tuple(pair for pair in self.query if pair[0] in wanted)
+        return replace(self, method="GET", query=query, verb="list")
 
 
 def parse_request(method: str, raw_target: str) -> RequestInfo:

@@ -33,13 +33,14 @@ from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.reload import Reloader
 from gatekeeper.tls import PeerSocket
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import Upstream, UpstreamSession
 
 __all__ = [
     "SOCKET_NAME",
     "GatekeeperServer",
     "Listener",
     "bind_listeners",
+    "close_listeners",
     "open_audit",
     "run_until_signal",
     "socket_path",
@@ -183,7 +184,7 @@ class GatekeeperServer:
         if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
             self.metrics.watch_audit(sink)
         self.audit: AuditSink = MeteredSink(sink, self.metrics)
-        self.upstream = upstream or Upstream(
+        self.upstream = upstream or UpstreamSession(
             config.upstream,
             tokens=config.tokens,
             ssl_context=config.upstream_ssl,

@@ -1,10 +1,26 @@
-"""Type aliases shared across modules: Kubernetes objects stay plain JSON dicts."""
+"""Value types shared across modules, with no dependencies: Kubernetes objects stay plain JSON
+dicts, and the caller is a frozen :class:`Identity` (what the engine consumes, DESIGN §3)."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JSONValue", "KubeObject"]
+__all__ = ["Identity", "JSONValue", "KubeObject"]
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded JSON. The gatekeeper never compiles in API types."""
 
 JSONValue = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller. ``driver`` is the DRA driver name (audit ``user.username``)."""
+
+    driver: str
+    transport: str
+    """``unix`` or ``mtls``."""
+    peer: Mapping[str, str] = field(default_factory=dict)
+    """Peer facts for the audit event: uid/gid/pid (Unix) or certificate serial (mTLS)."""

@@ -1,12 +1,19 @@
-"""The one upstream session: the node's credentials, a keep-alive pool, errors mapped once."""
+"""The upstream seam: the :class:`Upstream` protocol and its one implementation, a keep-alive
+session with the node's credentials.
+
+Credentials are added here and nowhere else. Library errors are mapped to
+:class:`~gatekeeper.errors.UpstreamError` only around the session call and the reading of the
+response body: an error of the caller's own (a driver that went away while its answer was
+being written) stays what it is.
+"""
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -14,17 +21,95 @@ from gatekeeper.errors import UpstreamError
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context
 from gatekeeper.types import KubeObject
 
-__all__ = ["MAX_OBJECT_BYTES", "Upstream", "read_json_object"]
+__all__ = [
+    "MAX_OBJECT_BYTES",
+    "Upstream",
+    "UpstreamResponse",
+    "UpstreamSession",
+    "read_json_object",
+]
 
 MAX_OBJECT_BYTES = 16 * 1024 * 1024
 """The most the gatekeeper reads of one object it fetches (etcd stores at most 1.5 MiB)."""
 
+_JSON = "application/json"
 _REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
 _WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
 
 
-class Upstream:
-    """Sends requests to the kube-apiserver with the node's credentials.
+class UpstreamResponse:
+    """An upstream answer as it arrives: status, headers, and a body read with errors mapped."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    async def read(self, limit: int) -> bytes:
+        """At most ``limit`` bytes of the body."""
+        try:
+            return await self._response.content.read(limit)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _mapped(exc) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The (rest of the) body, chunk by chunk as it arrives."""
+        iterator = self._response.content.iter_any().__aiter__()
+        while True:
+            try:
+                chunk = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise _mapped(exc) from exc
+            yield chunk
+
+
+class Upstream(Protocol):
+    """What the pipeline needs of the kube-apiserver. Implementations add the node's
+    credentials themselves; callers never see or send them."""
+
+    async def start(self) -> None:
+        """Open connections (the server calls it before listening)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections (the server calls it after its last request)."""
+        ...
+
+    async def fetch(self, path: str) -> KubeObject | None:
+        """GET one object as JSON; None when it does not exist (404)."""
+        ...
+
+    async def request(
+        self, method: str, target: str, body: Any = None, media_type: str = _JSON
+    ) -> tuple[int, KubeObject]:
+        """One JSON request of the gatekeeper's own (a dry run, a list): status and object."""
+        ...
+
+    def stream(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        *,
+        long_running: bool,
+    ) -> AbstractAsyncContextManager[UpstreamResponse]:
+        """Open a request whose answer is streamed (a forwarded request, a watch)."""
+        ...
+
+
+class UpstreamSession:
+    """The :class:`Upstream` of a real kube-apiserver, with the node's credentials.
 
     The server URL and CA come only from configuration, never from a request (DESIGN §4.5).
     Redirects are never followed: a 3xx is a 502.
@@ -65,12 +150,8 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    def token(self) -> str | None:
-        return self._tokens.token()
-
     async def fetch(self, path: str) -> KubeObject | None:
-        """GET one object as JSON with the node's credentials; None when it does not exist."""
-        status, obj = await self.call("GET", path)
+        status, obj = await self.request("GET", path)
         if status == 404:
             return None
         if status != 200:
@@ -81,23 +162,20 @@ class Upstream:
             )
         return obj
 
-    async def call(
-        self, method: str, target: str, body: Any = None, media_type: str = "application/json"
+    async def request(
+        self, method: str, target: str, body: Any = None, media_type: str = _JSON
     ) -> tuple[int, KubeObject]:
-        """One JSON request of the gatekeeper's own (a fetch, a dry run): status and object."""
-        headers = {"Accept": "application/json"}
-        if token := self.token():
-            headers["Authorization"] = f"Bearer {token}"
+        headers = {"Accept": _JSON}
         payload = None
         if body is not None:
             headers["Content-Type"] = media_type
             payload = json.dumps(body).encode()
-        async with self.request(method, target, headers, payload, long_running=False) as response:
-            obj = await read_json_object(response.content, target, limit=MAX_OBJECT_BYTES)
+        async with self.stream(method, target, headers, payload, long_running=False) as response:
+            obj = await read_json_object(response.chunks(), target, limit=MAX_OBJECT_BYTES)
         return response.status, obj
 
     @asynccontextmanager
-    async def request(
+    async def stream(
         self,
         method: str,
         target: str,
@@ -105,46 +183,44 @@ class Upstream:
         body: bytes | None,
         *,
         long_running: bool,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Open a request upstream; library errors become :class:`UpstreamError`."""
+    ) -> AsyncIterator[UpstreamResponse]:
         if self._session is None:
             raise UpstreamError(503, "upstream session is not started")
-        timeout = _WATCH_TIMEOUT if long_running else _REQUEST_TIMEOUT
+        sent = dict(headers)
+        if token := self._tokens.token():
+            sent["Authorization"] = f"Bearer {token}"
         try:
-            async with self._session.request(
+            response = await self._session.request(
                 method,
                 target,
-                headers=dict(headers),
+                headers=sent,
                 data=body,
                 allow_redirects=False,
-                timeout=timeout,
-            ) as response:
-                if 300 <= response.status < 400:
-                    raise UpstreamError(
-                        502, f"upstream answered with a redirect ({response.status})"
-                    )
-                yield response
-        except TimeoutError as exc:
-            raise UpstreamError(504, "the upstream API server did not answer in time") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(
-                503, f"the upstream API server is unreachable: {exc.strerror or exc}"
-            ) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise UpstreamError(503, "the upstream API server closed the connection") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(502, f"upstream request failed: {type(exc).__name__}") from exc
+                timeout=_WATCH_TIMEOUT if long_running else _REQUEST_TIMEOUT,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _mapped(exc) from exc
+        try:
+            if 300 <= response.status < 400:
+                raise UpstreamError(502, f"upstream answered with a redirect ({response.status})")
+            yield UpstreamResponse(response)
+        except BaseException:
+            response.close()  # the body was not read to its end: the connection is not reused
+            raise
+        else:
+            response.release()  # back to the pool if the body was read to its end
+            await response.wait_for_close()
 
 
 async def read_json_object(
-    content: aiohttp.StreamReader, what: str, *, limit: int, too_large: str = ""
+    chunks: AsyncIterable[bytes], what: str, *, limit: int, too_large: str = ""
 ) -> KubeObject:
     """An upstream JSON object read incrementally, never past ``limit`` bytes; else 502.
 
     ``too_large`` is appended to the message when the limit is hit (what the client can do).
     """
     data = bytearray()
-    async for chunk in content.iter_any():
+    async for chunk in chunks:
         data += chunk
         if len(data) > limit:
             raise UpstreamError(502, f"the upstream {what} exceeds {limit} bytes{too_large}")
@@ -155,6 +231,17 @@ async def read_json_object(
     if not isinstance(obj, dict):
         raise UpstreamError(502, f"upstream sent a non-object for {what}")
     return obj
+
+
+def _mapped(exc: BaseException) -> UpstreamError:
+    """The :class:`UpstreamError` for a library error of the upstream connection."""
+    if isinstance(exc, TimeoutError):
+        return UpstreamError(504, "the upstream API server did not answer in time")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamError(503, f"the upstream API server is unreachable: {exc.strerror or exc}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return UpstreamError(503, "the upstream API server closed the connection")
+    return UpstreamError(502, f"upstream request failed: {type(exc).__name__}")
 
 
 def _status_message(obj: KubeObject) -> str:

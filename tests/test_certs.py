@@ -19,7 +19,6 @@ from gatekeeper import certs
 from gatekeeper.certs import (
     IssuedCert,
     certificate_expiry,
-    client_cert_common_name,
     create_ca,
     issue_client_cert,
     issue_server_cert,
@@ -28,6 +27,7 @@ from gatekeeper.certs import (
     write_pem,
 )
 from gatekeeper.errors import ConfigError
+from gatekeeper.identity import client_cert_common_name
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NODE_TOKEN
+from gatekeeper.testing.harness import GPU, NODE_TOKEN
 
 SERVE = [sys.executable, "-m", "gatekeeper", "serve"]
 

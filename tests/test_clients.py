@@ -10,19 +10,18 @@ import pytest
 import yaml
 
 from gatekeeper.testing import APIServer
-from tests.conftest import (
+from gatekeeper.testing.harness import (
     GPU,
     NIC,
     SELECTOR,
     Kubectl,
     Running,
-    needs_kubectl,
     slice_manifest,
     write_kubeconfig,
 )
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_kubectl_get_with_field_selector(kubectl: Kubectl, apiserver: APIServer) -> None:
     apiserver.add(slice_manifest("node-a-gpu-0"))
     apiserver.add(slice_manifest("node-a-nic-0", driver=NIC))
@@ -35,7 +34,7 @@ async def test_kubectl_get_with_field_selector(kubectl: Kubectl, apiserver: APIS
     assert table_requests, "kubectl negotiates a Table and the gatekeeper passes it through"
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_kubectl_create_and_delete(kubectl: Kubectl, apiserver: APIServer) -> None:
     manifest = yaml.safe_dump(slice_manifest("node-a-gpu-created"))
     code, out, err = await kubectl("create", "-f", "-", stdin=manifest)
@@ -47,7 +46,7 @@ async def test_kubectl_create_and_delete(kubectl: Kubectl, apiserver: APIServer)
     assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-gpu-created") is None
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 @pytest.mark.parametrize(
     ("args", "stdin", "message"),
     [

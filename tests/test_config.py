@@ -18,8 +18,8 @@ from gatekeeper.config import (
 from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import load_policy
+from gatekeeper.testing.harness import GPU, PKI
 from gatekeeper.tls import ServerTLS
-from tests.conftest import GPU, PKI
 
 
 def _flags(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

@@ -9,11 +9,13 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from gatekeeper.testing import resource_slice
-from tests.conftest import GPU, KUBECTL, needs_kubectl
+from gatekeeper.testing.harness import GPU, KUBECTL
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_demo_serves_kubectl_and_cleans_up(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -85,7 +87,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
     await asyncio.wait_for(process.wait(), 30)
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
     from tests.test_server import free_port
 
@@ -133,7 +135,7 @@ async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
     assert not (workdir / "sockets" / GPU / "api.sock").exists()
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_upstream_only_runs_the_embedded_api_server_alone(tmp_path: Path) -> None:
     process, lines = await _start_demo("--upstream-only", "--dir", str(tmp_path))
     try:

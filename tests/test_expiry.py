@@ -14,7 +14,7 @@ from gatekeeper.expiry import CertificateExpiry
 from gatekeeper.metrics import Metrics
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, PKI, running_gatekeeper
+from gatekeeper.testing.harness import GPU, PKI, running_gatekeeper
 from tests.test_health import value
 
 DAY = 86400.0

@@ -16,7 +16,7 @@ from gatekeeper.certs import create_ca, issue_client_cert, write_pem
 from gatekeeper.config import AuditSettings
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"

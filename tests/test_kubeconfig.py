@@ -18,13 +18,13 @@ from aiohttp import web
 from gatekeeper import kubeconfig
 from gatekeeper.certs import (
     IssuedCert,
-    client_cert_common_name,
     create_ca,
     issue_client_cert,
     issue_server_cert,
     write_pem,
 )
 from gatekeeper.errors import ConfigError
+from gatekeeper.identity import client_cert_common_name
 from gatekeeper.kubeconfig import (
     TokenSource,
     UpstreamConfig,

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gatekeeper.testing import APIServer
-from tests.conftest import NIC, Kubectl, needs_kubectl, slice_manifest
+from gatekeeper.testing.harness import NIC, Kubectl, slice_manifest
 
-pytestmark = needs_kubectl
+pytestmark = pytest.mark.kubectl
 NAME = "node-a-gpu-0"
 
 

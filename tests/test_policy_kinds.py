@@ -17,7 +17,7 @@ import pytest
 from gatekeeper.jsonpath import get_field, parse_field_path, set_field
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.testing import APIServer, served_kinds
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
 
 POLICY = """\
 apiVersion: gatekeeper.dra.k8s.io/v1alpha1

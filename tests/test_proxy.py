@@ -4,6 +4,7 @@ as upstream over real HTTP. Every refusal is checked against the upstream's jour
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -11,43 +12,23 @@ import aiohttp
 import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import APIServer, resource_slice
-from gatekeeper.upstream import Upstream
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
-
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-PINNED = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
-
-
-def slice_body(
-    name: str | None = "node-a-gpu-0",
-    driver: str = GPU,
-    node: str = NODE,
-    pool: str = "node-a-gpus",
-) -> dict[str, Any]:
-    return resource_slice(name, driver=driver, node=node, pool=pool)
-
-
-def seed(apiserver: APIServer, **kwargs: Any) -> dict[str, Any]:
-    return apiserver.add(slice_body(**kwargs))
-
-
-async def raw_request(
-    gatekeeper: Running, method: str, target: str, body: Any = None
-) -> tuple[int, dict[str, str], Any]:
-    """Send the request line byte for byte (HTTP clients normalize paths; attackers do not)."""
-    reader, writer = await asyncio.open_unix_connection(str(gatekeeper.socket_path(GPU)))
-    payload = b"" if body is None else json.dumps(body).encode()
-    head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
-    if payload:
-        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-    writer.write(head.encode("latin-1") + b"\r\n" + payload)
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    head_bytes, _, body_bytes = raw.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split()[1]), headers, json.loads(body_bytes)
+from gatekeeper.policy.decision import REJECTED_PREVIEW
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PINNED,
+    SLICES,
+    RecordingSink,
+    Running,
+    raw_request,
+    running_gatekeeper,
+    seed,
+    slice_body,
+)
+from gatekeeper.upstream import UpstreamSession
 
 
 def driver_requests(apiserver: APIServer, since: int) -> list[tuple[str, str]]:
@@ -195,14 +176,42 @@ REFUSALS = [
         "/apis/resource.k8s.io/v1/resourceslices/../../../api/v1/secrets",
         None,
         400,
-        "",
+        'path segment 5 is ".."',
     ),
-    ("escaped-slash", "GET", "/apis/resource.k8s.io/v1/resourceslices/a%2Fb", None, 400, ""),
-    ("escaped-dots", "GET", "/api/v1/namespaces/%2e%2e/secrets", None, 400, ""),
-    ("double-slash", "GET", "/apis/resource.k8s.io/v1//resourceslices", None, 400, ""),
-    ("trailing-slash", "GET", f"{SLICES}/", None, 400, ""),
-    ("semicolon", "GET", f"{SLICES};x=y", None, 400, ""),
-    ("backslash", "GET", "/apis/resource.k8s.io/v1/resourceslices\\x", None, 400, ""),
+    (
+        "escaped-slash",
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices/a%2Fb",
+        None,
+        400,
+        "path segment 5 contains a '%' escape",
+    ),
+    (
+        "escaped-dots",
+        "GET",
+        "/api/v1/namespaces/%2e%2e/secrets",
+        None,
+        400,
+        "path segment 4 contains a '%' escape",
+    ),
+    (
+        "double-slash",
+        "GET",
+        "/apis/resource.k8s.io/v1//resourceslices",
+        None,
+        400,
+        "path segment 4 is empty",
+    ),
+    ("trailing-slash", "GET", f"{SLICES}/", None, 400, f"path \"{SLICES}/\" ends with '/'"),
+    ("semicolon", "GET", f"{SLICES};x=y", None, 400, 'request target has ";" at offset 39'),
+    (
+        "backslash",
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices\\x",
+        None,
+        400,
+        'request target has "\\\\" at offset 39',
+    ),
     (
         "lowercase-fieldselector",
         "GET",
@@ -211,8 +220,22 @@ REFUSALS = [
         400,
         "not recognized",
     ),
-    ("repeated-query", "GET", f"{SLICES}?{PINNED}&{PINNED}", None, 400, ""),
-    ("watch-prefix", "GET", "/apis/resource.k8s.io/v1/watch/resourceslices", None, 400, ""),
+    (
+        "repeated-query",
+        "GET",
+        f"{SLICES}?{PINNED}&{PINNED}",
+        None,
+        400,
+        'query parameter "fieldSelector" is given more than once',
+    ),
+    (
+        "watch-prefix",
+        "GET",
+        "/apis/resource.k8s.io/v1/watch/resourceslices",
+        None,
+        400,
+        "the /watch/ path prefix is not supported",
+    ),
     (
         "namespaced-slice",
         "GET",
@@ -388,7 +411,7 @@ async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
 
     server = await asyncio.start_server(dying_upstream, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    upstream = Upstream(UpstreamConfig(server=url, token=NODE_TOKEN))
+    upstream = UpstreamSession(UpstreamConfig(server=url, token=NODE_TOKEN))
     try:
         async with (
             running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running,
@@ -402,3 +425,88 @@ async def test_upstream_breaking_mid_watch_breaks_the_drivers_stream(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_driver_disconnecting_mid_stream_is_a_driver_disconnect(
+    apiserver: APIServer, policy: Any, pki: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver that goes away during its watch is audited as 499, not as an upstream failure."""
+    sink = RecordingSink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
+        reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
+        writer.write(f"GET {SLICES}?{PINNED}&watch=true HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.transport.abort()
+        # Bounded: each new object is a watch event the gatekeeper tries to write to the driver.
+        for index in range(200):
+            seed(apiserver, name=f"node-a-gpu-{index}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sink.completed.wait(), 0.05)
+            if sink.completed.is_set():
+                break
+    complete = [event for event in sink.events if event["stage"] == "ResponseComplete"]
+    assert len(complete) == 1
+    assert complete[0]["responseStatus"]["code"] == 499
+    assert complete[0]["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert not [r for r in caplog.records if "upstream" in r.getMessage()]
+
+
+async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """The object changes between the fetch and the dry run: the apiserver's 409 reaches the
+    driver as it was given, and the event is an allowed request the apiserver refused."""
+    seed(apiserver)
+
+    class ChangesAfterTheFetch(UpstreamSession):
+        async def fetch(self, path: str) -> Any:
+            current = await super().fetch(path)
+            apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", "node-a-gpu-0"))
+            seed(apiserver)
+            return current
+
+    sink = RecordingSink()
+    upstream = ChangesAfterTheFetch(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+    async with (
+        running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit_sink=sink) as running,
+        running.unix_session(GPU) as session,
+    ):
+        response = await session.patch(
+            f"{SLICES}/node-a-gpu-0",
+            data=json.dumps({"metadata": {"labels": {"a": "b"}}}),
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        )
+        status = await response.json()
+    assert response.status == 409
+    assert status["reason"] == "Conflict" and status["code"] == 409
+    dry_runs = [e for e in apiserver.journal if e.method == "PATCH"]
+    assert len(dry_runs) == 1 and "dryRun=All" in dry_runs[0].query_string
+    (event,) = sink.events
+    assert event["responseStatus"]["code"] == 409
+    assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert event["annotations"]["authorization.k8s.io/reason"] == REJECTED_PREVIEW
+
+
+async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
+    apiserver: APIServer, policy: Any, pki: Any
+) -> None:
+    """Not 499 "client disconnected": the driver got a 500, and the event says so."""
+
+    class Broken:
+        node_name = NODE
+
+        def plan(self, *args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    sink = RecordingSink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
+        running.server.gatekeeper.engine = Broken()  # type: ignore[assignment]
+        async with running.unix_session(GPU) as session:
+            response = await session.get(f"{SLICES}?{PINNED}")
+            await response.read()
+    assert response.status == 500
+    (event,) = sink.events
+    assert event["responseStatus"]["code"] == 500
+    assert event["responseStatus"]["message"] == "internal error: RuntimeError"
+    assert apiserver.journal == []

@@ -21,8 +21,16 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, run_until_signal
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    PKI,
+    Running,
+    running_gatekeeper,
+    serve_config,
+)
 from gatekeeper.tls import TLSFiles
-from tests.conftest import GPU, NIC, NODE, PKI, Running, running_gatekeeper, serve_config
 from tests.test_health import value
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

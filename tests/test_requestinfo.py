@@ -408,3 +408,47 @@ def test_fuzz_only_refusals() -> None:
             assert refusal.code in (400, 403)
             continue
         assert parse_request(method, info.target) == info
+
+
+def test_as_create_is_the_collection_post_with_create_options_only() -> None:
+    info = parse_request(
+        "PATCH", "/apis/resource.k8s.io/v1/resourceslices/s1?fieldManager=a%20b&force=true&pretty=1"
+    )
+    create = info.as_create()
+    assert (create.method, create.verb, create.name) == ("POST", "create", "")
+    assert create.target == "/apis/resource.k8s.io/v1/resourceslices?fieldManager=a%20b&pretty=1"
+    assert create == parse_request("POST", create.target)
+    with pytest.raises(ValueError):
+        parse_request("GET", "/apis/resource.k8s.io/v1/resourceslices").as_create()
+
+
+def test_as_list_keeps_only_the_named_query_keys() -> None:
+    info = parse_request(
+        "GET",
+        "/apis/resource.k8s.io/v1/namespaces/d/resourceclaims?watch=true&labelSelector=a%3Db"
+        "&resourceVersion=5&timeoutSeconds=9",
+    )
+    listing = info.as_list(["labelSelector", "watch"]).with_query("resourceVersion", "7")
+    assert (listing.method, listing.verb) == ("GET", "list")
+    assert listing.target == (
+        "/apis/resource.k8s.io/v1/namespaces/d/resourceclaims?labelSelector=a%3Db&resourceVersion=7"
+    )
+    assert listing == parse_request("GET", listing.target)
+
+
+def test_requestinfo_is_the_only_query_encoder() -> None:
+    """Every query the gatekeeper sends is RequestInfo's canonical form (not the fake's)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).parents[1] / "gatekeeper"
+    encoders = {"urlencode", "quote", "quote_plus"}
+    users = []
+    for path in package.rglob("*.py"):
+        if "testing" in path.parts or path.name == "requestinfo.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = {a.name for a in node.names} if isinstance(node, ast.ImportFrom) else set()
+            if getattr(node, "module", None) == "urllib.parse" and encoders & names:
+                users.append(path.name)
+    assert users == []

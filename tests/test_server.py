@@ -19,7 +19,7 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NIC, NODE_TOKEN, PKI, running_gatekeeper, serve_config
+from gatekeeper.testing.harness import GPU, NIC, NODE_TOKEN, PKI, running_gatekeeper, serve_config
 from tests.test_cli import SERVE, kubeconfig, run
 
 

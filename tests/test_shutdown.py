@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from gatekeeper.testing import APIServer, resource_slice
-from tests.conftest import GPU, NODE
+from gatekeeper.testing.harness import GPU, NODE
 from tests.test_cli import SERVE, kubeconfig
 from tests.test_server import free_port
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.testing.harness import PKI
 from gatekeeper.tls import ServerTLS, TLSFiles, file_identity
-from tests.conftest import PKI
 
 
 def files(pki: PKI, **overrides: str) -> TLSFiles:

@@ -15,9 +15,20 @@ import pytest
 
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.testing import APIServer
-from gatekeeper.upstream import Upstream
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
-from tests.test_proxy import SLICES, raw_request, seed, slice_body
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PKI,
+    SLICES,
+    Running,
+    raw_request,
+    running_gatekeeper,
+    seed,
+    slice_body,
+)
+from gatekeeper.upstream import UpstreamSession
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -178,7 +189,7 @@ async def test_apply_create_cannot_land_on_an_object_created_in_between(
 ) -> None:
     """Someone else creates the name between the gatekeeper's fetch (404) and its forward."""
 
-    class CreatesInBetween(Upstream):
+    class CreatesInBetween(UpstreamSession):
         async def fetch(self, path: str) -> Any:
             current = await super().fetch(path)
             seed(apiserver, name=NAME, driver=NIC)
@@ -324,7 +335,7 @@ def remove(apiserver: APIServer) -> None:
         apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", NAME))
 
 
-class FlipsOwnership(Upstream):
+class FlipsOwnership(UpstreamSession):
     """The real upstream, plus another actor who replaces the object right after the fetch:
     it is deleted and re-created by the NIC driver under the same name."""
 
@@ -386,7 +397,7 @@ async def test_ownership_flip_between_fetch_and_forward_is_a_conflict(
         original_fetch = upstream.fetch
 
         async def fetch_then_flip(path: str) -> Any:
-            current = await Upstream.fetch(upstream, path)
+            current = await UpstreamSession.fetch(upstream, path)
             upstream.flip()
             return current
 

@@ -37,7 +37,7 @@ class ResponseCapture:
             return
         self._chunks.append(bytes(chunk))
 
-    def result(self) -> Any:
+    def result(self) -> dict[str, Any] | None:
         """The decoded JSON object, or None (disabled, too large or not a JSON object)."""
         if not self._enabled or not self._chunks:
             return None

@@ -12,12 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gatekeeper.audit.reader import Record
-from gatekeeper.audit.replay import BASES, ObjectMemory, method_of
+from gatekeeper.audit.replay import BASES, ObjectMemory, method_of, patch_type
 from gatekeeper.errors import Refusal
-from gatekeeper.identity import Identity
 from gatekeeper.policy import Decision, Engine, Policy
 from gatekeeper.policy.decision import deny
+from gatekeeper.policy.plan import Preview
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.types import Identity
 
 __all__ = ["Change", "CheckReport", "check_records", "format_report"]
 
@@ -26,6 +27,7 @@ __all__ = ["Change", "CheckReport", "check_records", "format_report"]
 _NOT_REPLAYABLE_CODES = frozenset({401, 413, 415, 429})
 # Outcomes that are about the stored object, not authorization: the same on both sides.
 _STATE_CODES = frozenset({404, 409})
+_JSON = "application/json"
 _UNDETERMINED = "refused before, allowed now only if the object is the caller's (not in the log)"
 # Refusals for what the log does not record (the gatekeeper's own reasons, DESIGN §4.5):
 # re-deciding without it would allow them, a change that is not one.
@@ -125,27 +127,33 @@ def _skip_reason(record: Record, default_node: str | None) -> str:
         for pattern, why in _UNRECORDED:
             if pattern.search(record.reason):
                 return why
+    if record.decision == "forbid" and record.code >= 500:
+        return "failed before a decision (upstream or gatekeeper error)"
     return ""
 
 
 def _decide(
     engine: Engine, memory: ObjectMemory, record: Record, driver: str, node: str
 ) -> tuple[Decision, str]:
+    """The proxy's conversation with the engine (plan, then decide), the log as the upstream."""
     identity = Identity(driver=driver, transport=record.transport or "unix")
     try:
         info = parse_request(method_of(record.verb), record.request_uri)
     except Refusal as refusal:
-        return Decision(False, refusal.reason, refusal.code, refusal.message), "full"
-    lookup = engine.lookup(identity, info)
-    inputs = memory.inputs(record, info, lookup, driver, node)
-    decision = engine.decide(
-        identity,
-        info,
-        inputs.body,
-        inputs.current,
-        media_type=inputs.media_type,
-        proposed=inputs.proposed,
-    )
+        return deny(refusal.code, refusal.reason, refusal.message), "full"
+    media_type = _JSON
+    if info.verb == "patch":
+        media_type = patch_type(record, record.request_object, info)
+    plan = engine.plan(identity, info, media_type)
+    if isinstance(plan, Decision):
+        return plan, "full"
+    inputs = memory.inputs(record, info, plan.fetch, driver, node)
+    proposed = None
+    if inputs.proposed is not None:
+        # What the apiserver stored: the result the proxy's preview (or patch) saw. The
+        # patch is not pinned here: nothing is forwarded offline.
+        proposed = Preview(info, inputs.body, media_type, record.code, inputs.proposed)
+    decision = engine.decide(plan, inputs.body, inputs.current, proposed)
     memory.remember(record, info)
     return decision, inputs.basis
 

@@ -17,6 +17,7 @@ __all__ = [
     "CONTENT_TYPE_ANNOTATION",
     "DECISION_ANNOTATION",
     "ERROR_ANNOTATION",
+    "FORWARDED_ANNOTATION",
     "NODE_NAME_EXTRA",
     "REASON_ANNOTATION",
     "STAGE_COMPLETE",
@@ -38,6 +39,9 @@ CONTENT_TYPE_ANNOTATION = "dra-gatekeeper.io/content-type"
 """The request body's media type (patch type), which ``audit check`` needs to replay a patch."""
 ERROR_ANNOTATION = "dra-gatekeeper.io/error"
 """Set when the request failed before any decision (e.g. upstream unreachable while fetching)."""
+FORWARDED_ANNOTATION = "dra-gatekeeper.io/forwarded"
+"""``METHOD target`` sent upstream, when it differs from the driver's request (an apply sent as a
+create, a list with injected selector terms)."""
 STAGE_STARTED = "ResponseStarted"
 STAGE_COMPLETE = "ResponseComplete"
 
@@ -164,14 +168,15 @@ def _user(flow: Flow) -> dict[str, Any]:
 
 def _annotations(flow: Flow) -> dict[str, str]:
     annotations: dict[str, str] = {}
-    if flow.refusal is not None:
-        annotations[DECISION_ANNOTATION] = "forbid"
-        annotations[REASON_ANNOTATION] = flow.refusal.reason
-    elif flow.decision is not None:
+    if flow.decision is not None:
         annotations[DECISION_ANNOTATION] = "allow" if flow.decision.allowed else "forbid"
         annotations[REASON_ANNOTATION] = flow.decision.reason
     elif flow.status_code >= 500:
         annotations[ERROR_ANNOTATION] = flow.status_message or "failed before a decision"
+    forwarded = flow.forwarded
+    info = flow.info
+    if forwarded is not None and (info is None or str(forwarded) != f"{info.method} {info.target}"):
+        annotations[FORWARDED_ANNOTATION] = str(forwarded)
     if flow.upstream_audit_id:
         annotations[UPSTREAM_AUDIT_ID_ANNOTATION] = flow.upstream_audit_id
     if flow.client_audit_id:

@@ -124,11 +124,11 @@ def _kind_doc(entry: _Seen, base: KindSpec | None) -> tuple[dict[str, Any] | Non
     missing: list[str] = []
     for version in sorted(entry.versions):
         spec = base.versions.get(version) if base else None
-        doc = _version_doc(spec) if spec else _inferred(entry.objects.get(version, []))
-        if doc is None:
+        version_doc = _version_doc(spec) if spec else _inferred(entry.objects.get(version, []))
+        if version_doc is None:
             missing.append(version)
         else:
-            versions[version] = doc
+            versions[version] = version_doc
     note = ""
     if missing:
         note = (

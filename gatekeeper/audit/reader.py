@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from gatekeeper.audit.event import (
     CONTENT_TYPE_ANNOTATION,
@@ -111,7 +111,7 @@ def parse_driver_users(pairs: Iterable[str]) -> dict[str, str]:
 def open_log(path: str) -> IO[bytes]:
     """A binary stream of ``path`` (``-`` is stdin); gzip is detected by its magic bytes."""
     if path == "-":
-        raw: IO[bytes] = io.BufferedReader(sys.stdin.buffer)  # type: ignore[arg-type]
+        raw: IO[bytes] = io.BufferedReader(cast("io.RawIOBase", sys.stdin.buffer))
     else:
         try:
             raw = open(path, "rb")  # noqa: SIM115 - closed by the caller

@@ -9,6 +9,7 @@ from typing import Any
 
 from gatekeeper.audit.reader import FINAL_STAGES, ReadStats, decision_of, resource_key
 from gatekeeper.identity import DRIVERS_GROUP
+from gatekeeper.policy.decision import NOT_FOUND
 
 __all__ = ["Row", "Summary", "format_table", "summarize", "summary_json"]
 
@@ -66,7 +67,7 @@ def summarize(events: Iterable[Mapping[str, Any]], driver_users: Mapping[str, st
         if row is None:
             row = rows[key] = Row()
         decision, reason = decision_of(event)
-        if decision == "allow":
+        if decision == "allow" or _absent(event, reason):
             row.allowed += 1
         else:
             row.refused += 1
@@ -81,6 +82,11 @@ def summarize(events: Iterable[Mapping[str, Any]], driver_users: Mapping[str, st
     summary.started = "" if started == "~" else started
     summary.ended = ended
     return summary
+
+
+def _absent(event: Mapping[str, Any], reason: str) -> bool:
+    """A 404 for an object that does not exist: the apiserver's answer, not a refusal."""
+    return reason == NOT_FOUND and (event.get("responseStatus") or {}).get("code") == 404
 
 
 def summary_json(summary: Summary, stats: ReadStats) -> dict[str, Any]:

@@ -14,19 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
-from gatekeeper.policy.decision import Decision, allow, forbid
-from gatekeeper.policy.integrity import (
-    body_shape,
-    not_found,
-    patch_result,
-    pinned_update,
-)
+from gatekeeper.policy.decision import Decision, allow, forbid, not_found
+from gatekeeper.policy.integrity import body_shape, patch_result, pinned_update
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
+from gatekeeper.policy.plan import Preview
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
 __all__ = [
+    "OUT_OF_SCOPE",
     "STATUS",
     "AllocationScope",
     "decide_allocated",
@@ -37,6 +34,8 @@ __all__ = [
 
 STATUS = "status"
 """The one subresource the rule writes through."""
+OUT_OF_SCOPE = "not allocated to the driver on this node"
+"""The reason (audit only) of the 404 that hides an object out of scope."""
 
 _READS = frozenset({"get", "list", "watch"})
 _WRITES = frozenset({"update", "patch"})
@@ -97,17 +96,20 @@ def decide_allocated(
     current: KubeObject | None,
     *,
     media_type: str,
-    proposed: KubeObject | None,
+    proposed: Preview | None,
 ) -> Decision:
-    """Decide a request :func:`request_refusal` let through, for the caller ``scope.driver``."""
+    """Decide a request :func:`request_refusal` let through, for the caller ``scope.driver``;
+    ``proposed`` is a patch's preview with the upstream's answer, if there was one."""
     if info.verb in ("list", "watch"):
         return allow(
             "objects are filtered to the driver's allocations on this node", info, filter=scope
         )
-    if current is None or not scope(current):
-        # SECURITY: DESIGN §4.3 — an object out of scope answers as absent, so that a driver
-        # cannot learn which other claims exist.
-        return not_found(info, kind)
+    if current is None:
+        return not_found(info, kind.qualified)
+    if not scope(current):
+        # SECURITY: DESIGN §4.3 — an object out of scope answers as absent (the same Status),
+        # so that a driver cannot learn which other claims exist.
+        return not_found(info, kind.qualified, OUT_OF_SCOPE)
     if info.verb == "get":
         return allow("allocated to the driver on this node", info, filter=scope)
     if info.verb == "update":
@@ -137,7 +139,7 @@ def _patch_status(
     patch: Any,
     current: KubeObject,
     media_type: str,
-    proposed: KubeObject | None,
+    proposed: Preview | None,
 ) -> Decision:
     prepared = patch_result(info, kind, patch, current, media_type, proposed)
     if isinstance(prepared, Decision):

@@ -1,4 +1,4 @@
-"""The engine's answer, and the apiserver-style messages that explain a refusal."""
+"""The one verdict on a request, and the apiserver-style messages that explain a refusal."""
 
 from __future__ import annotations
 
@@ -9,15 +9,33 @@ from typing import Any
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
-__all__ = ["Decision", "allow", "deny", "forbid"]
+__all__ = [
+    "NOT_FOUND",
+    "REJECTED_PREVIEW",
+    "Decision",
+    "allow",
+    "answered",
+    "deny",
+    "forbid",
+    "not_found",
+]
+
+_JSON = "application/json"
+NOT_FOUND = "object not found"
+"""The reason of a 404 for an object that does not exist (not a refusal: ``audit summarize``)."""
+REJECTED_PREVIEW = "the apiserver rejected the patch preview"
+"""The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Allowed or not, and why.
+    """Allowed or not, and why: the only verdict (audit ``authorization.k8s.io/decision``).
 
     ``reason`` is the rule (audit annotation ``authorization.k8s.io/reason``); ``message`` the
-    full Status message. When allowed, ``target`` and ``body`` are what to forward: they may
+    full Status message. ``code`` is 0 when the request is forwarded and the upstream answers;
+    otherwise the gatekeeper answers with that code itself: a refusal (``allowed`` False), or
+    an answer the apiserver already gave (``response``, e.g. a rejected patch preview).
+    When forwarded, ``target``, ``body`` and ``media_type`` are exactly what is sent: they may
     carry injected selector terms, filled fields or a pinned resourceVersion (DESIGN §4.4).
     """
 
@@ -27,20 +45,29 @@ class Decision:
     message: str = ""
     target: RequestInfo | None = None
     body: Any = None
-    media_type: str = "application/json"
+    media_type: str = _JSON
     """Content type of the forwarded ``body`` (a patch keeps its own)."""
-    details: Mapping[str, str] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
     filter: Callable[[KubeObject], bool] | None = None
     """For reads of a kind scoped object by object (DESIGN §4.3): the pure predicate an object
     of the response must pass to reach the driver. The proxy asks the upstream for plain JSON
     and applies it to the object, the list items or each watch event; None passes all."""
+    retry_after: int | None = None
+    """Seconds a refused client should wait (``Retry-After``, ``details.retryAfterSeconds``)."""
+    response: KubeObject | None = None
+    """The apiserver's own Status, answered as is (a patch preview it rejected)."""
+
+    @property
+    def forwards(self) -> bool:
+        """Whether the request goes upstream (allowed, and no answer given already)."""
+        return self.allowed and self.code == 0 and self.target is not None
 
 
 def allow(
     reason: str,
     target: RequestInfo,
     body: Any = None,
-    media_type: str = "application/json",
+    media_type: str = _JSON,
     *,
     filter: Callable[[KubeObject], bool] | None = None,
 ) -> Decision:
@@ -58,6 +85,25 @@ def deny(code: int, reason: str, message: str | None = None, **details: str) -> 
     return Decision(
         allowed=False, reason=reason, code=code, message=message or reason, details=details
     )
+
+
+def answered(reason: str, code: int, status: KubeObject) -> Decision:
+    """Allowed, and already answered by the apiserver with ``status`` (passed to the driver)."""
+    return Decision(
+        allowed=True,
+        reason=reason,
+        code=code,
+        message=str(status.get("message", "")),
+        response=status,
+    )
+
+
+def not_found(info: RequestInfo, qualified: str, reason: str = NOT_FOUND) -> Decision:
+    """404 with the apiserver's NotFound Status, laid out as it writes it (details: name, group,
+    kind), so that an object hidden from the driver reads exactly as an absent one."""
+    details = {"name": info.name, "group": info.api_group, "kind": info.resource}
+    message = f'{qualified} "{info.name}" not found'
+    return deny(404, reason, message, **{k: v for k, v in details.items() if v})
 
 
 def forbid(driver: str, info: RequestInfo, why: str, *, name: str | None = None) -> Decision:

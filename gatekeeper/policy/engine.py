@@ -1,7 +1,9 @@
-"""The pure decision engine: (identity, request, body, stored object) → Decision.
+"""The pure decision engine, as one sans-I/O conversation: plan, then decide.
 
-No I/O, no clock, no logging: the proxy, ``dra-gatekeeper test`` and ``audit check`` run the
-same code. The proxy asks :meth:`Engine.lookup` what to fetch, then calls :meth:`Engine.decide`.
+:meth:`Engine.plan` screens the request and says what to read (a :class:`Plan`) or settles it (a
+:class:`Decision`); the caller reads the stored object and the patch preview, then
+:meth:`Engine.decide` gives the one Decision. No I/O, no clock, no logging: the proxy,
+``dra-gatekeeper test`` and ``audit check`` drive exactly this pair.
 """
 
 from __future__ import annotations
@@ -9,19 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
 
-from gatekeeper.identity import Identity
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
-from gatekeeper.policy.decision import Decision, allow, deny, forbid
-from gatekeeper.policy.integrity import (
-    body_shape,
-    not_found,
-    patch_result,
-    pin_delete,
-    pinned_update,
-)
+from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
+from gatekeeper.policy.integrity import body_shape, patch_result, pin_delete, pinned_update
 from gatekeeper.policy.model import (
     Field,
     KindRule,
@@ -33,19 +27,15 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.nodeselector import node_labels_with_hostname
 from gatekeeper.policy.ownership import fill_missing, ownership_violation
-from gatekeeper.policy.patching import (
-    APPLY,
-    STRATEGIC_MERGE,
-)
-from gatekeeper.requestinfo import RequestInfo, parse_request
+from gatekeeper.policy.patching import APPLY
+from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
-from gatekeeper.types import KubeObject
+from gatekeeper.types import Identity, KubeObject
 
 __all__ = ["Engine"]
 
-JSON = "application/json"
-_CREATE_QUERY = frozenset({"fieldManager", "fieldValidation", "dryRun", "pretty"})
-_PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
+_JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
 _OBJECT_VERBS = frozenset({"get", "update", "patch", "delete"})
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -64,59 +54,45 @@ class Engine:
     node_name: str
     node_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
-    def lookup(self, identity: Identity, info: RequestInfo) -> str | None:
-        """The path of the stored object to fetch before deciding, or None.
+    def plan(
+        self, identity: Identity, info: RequestInfo, media_type: str = _JSON
+    ) -> Plan | Decision:
+        """The request-level rules, once: a final Decision when they settle the request (refused,
+        or a non-resource path), else the :class:`Plan` of what to read before :meth:`decide`.
 
         Nothing is fetched for a request already refused on its own (DESIGN §4.3: a refused
         request never reaches the apiserver, not even as the gatekeeper's read).
-        """
-        if info.verb not in _OBJECT_VERBS or not isinstance(self._screen(identity, info), tuple):
-            return None
-        if info.subresource:
-            return info.path[: -(len(info.subresource) + 1)]
-        return info.path
-
-    def needs_preview(
-        self, identity: Identity, info: RequestInfo, current: KubeObject | None, media_type: str
-    ) -> bool:
-        """Whether to ask the upstream (``dryRun=All``) what a patch would store: only for
-        strategic-merge and apply patches of a stored object the caller may touch."""
-        if info.verb != "patch" or media_type not in _PREVIEWED or current is None:
-            return False
-        screened = self._screen(identity, info)
-        if isinstance(screened, Decision):
-            return False
-        kind, version = screened
-        driver = identity.driver
-        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
-            return self._scope(driver, version)(current)
-        return ownership_violation(version, current, driver, self.node_name, stored=True) is None
-
-    def decide(
-        self,
-        identity: Identity,
-        info: RequestInfo,
-        body: Any = None,
-        current: KubeObject | None = None,
-        *,
-        media_type: str = JSON,
-        proposed: KubeObject | None = None,
-    ) -> Decision:
-        """Decide one request.
-
-        ``current`` is what :meth:`lookup` fetched (None if absent); ``media_type`` the body's
-        content type; ``proposed`` the upstream's ``dryRun=All`` result of a strategic-merge or
-        apply patch (computed here when absent).
         """
         screened = self._screen(identity, info)
         if isinstance(screened, Decision):
             return screened
         kind, version = screened
-        driver = identity.driver
+        scope = None
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
-            scope = self._scope(driver, version)
+            scope = self._scope(identity.driver, version)
+        fetch = None
+        if info.verb in _OBJECT_VERBS:
+            fetch = info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
+        return Plan(identity, info, media_type, kind, version, self.node_name, fetch, scope)
+
+    def decide(
+        self,
+        plan: Plan,
+        body: Any = None,
+        current: KubeObject | None = None,
+        proposed: Preview | None = None,
+    ) -> Decision:
+        """Decide a planned request.
+
+        ``current`` is the object read at ``plan.fetch`` (None if absent); ``proposed`` the
+        :meth:`Plan.preview` of a strategic-merge or apply patch with the upstream's answer
+        (without one, the result is approximated by a merge patch).
+        """
+        info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
+        media_type = plan.media_type
+        if plan.scope is not None:
             return decide_allocated(
-                scope, info, kind, body, current, media_type=media_type, proposed=proposed
+                plan.scope, info, kind, body, current, media_type=media_type, proposed=proposed
             )
         if info.verb in _COLLECTION_VERBS:
             return self._pin_selector(driver, info, kind, version)
@@ -125,7 +101,7 @@ class Engine:
         if current is None and info.verb == "patch" and media_type == APPLY:
             return self._apply_create(driver, info, kind, version, body)
         if current is None:
-            return not_found(info, kind)
+            return not_found(info, kind.qualified)
         if problem := ownership_violation(version, current, driver, self.node_name, stored=True):
             return forbid(driver, info, problem)
         if info.verb == "get":
@@ -135,7 +111,7 @@ class Engine:
         if info.verb == "delete":
             return pin_delete(info, kind, body, current)
         if info.verb == "patch":
-            return self._patch(driver, info, kind, version, body, current, media_type, proposed)
+            return self._patch(plan, body, current, proposed)
         return forbid(
             driver, info, f"{info.verb} is not supported by the gatekeeper for {kind.qualified}"
         )
@@ -234,23 +210,18 @@ class Engine:
         )
 
     def _patch(
-        self,
-        driver: str,
-        info: RequestInfo,
-        kind: KindSpec,
-        version: VersionSpec,
-        patch: Any,
-        current: KubeObject,
-        media_type: str,
-        proposed: KubeObject | None,
+        self, plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None
     ) -> Decision:
-        prepared = patch_result(info, kind, patch, current, media_type, proposed)
+        info, kind, driver = plan.info, plan.kind, plan.driver
+        prepared = patch_result(info, kind, patch, current, plan.media_type, proposed)
         if isinstance(prepared, Decision):
             return prepared
         result, pinned = prepared
-        if problem := ownership_violation(version, result, driver, self.node_name):
+        if problem := ownership_violation(plan.version, result, driver, self.node_name):
             return forbid(driver, info, f"after the patch, {problem}")
-        return allow("patched object belongs to the driver on this node", info, pinned, media_type)
+        return allow(
+            "patched object belongs to the driver on this node", info, pinned, plan.media_type
+        )
 
     def _apply_create(
         self, driver: str, info: RequestInfo, kind: KindSpec, version: VersionSpec, body: Any
@@ -261,9 +232,7 @@ class Engine:
         decision = self._write(driver, info, kind, version, body, current=None)
         if not decision.allowed:
             return decision
-        collection = info.path.rsplit("/", 1)[0]
-        query = [(k, v) for k, v in info.query if k in _CREATE_QUERY]
-        target = parse_request("POST", collection + ("?" + urlencode(query) if query else ""))
+        target = info.as_create()
         return allow("applied object is created for the driver on this node", target, decision.body)
 
     def _write(

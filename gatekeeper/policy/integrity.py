@@ -4,18 +4,20 @@ a write land only on the object that was checked (DESIGN §4.4); shared by every
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.jsonpath import get_field
-from gatekeeper.policy.decision import Decision, allow, deny
+from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, allow, answered, deny
 from gatekeeper.policy.model import KindSpec
 from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
+if TYPE_CHECKING:
+    from gatekeeper.policy.plan import Preview
+
 __all__ = [
     "body_shape",
-    "not_found",
     "patch_result",
     "pin_delete",
     "pin_resource_version",
@@ -111,16 +113,27 @@ def patch_result(
     patch: Any,
     current: KubeObject,
     media_type: str,
-    proposed: KubeObject | None,
+    proposed: Preview | None,
 ) -> Decision | tuple[KubeObject, Any]:
     """The object a patch of ``current`` would store and the patch pinned to ``current``'s
-    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape)."""
+    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape), or the
+    apiserver's own answer when it rejected the preview. Callers check ownership first.
+
+    With a ``proposed`` preview answered by the upstream, its result and its pinned patch (built
+    once, for the dry run) are used; without, the result is approximated by a merge patch.
+    """
+    if proposed is not None and proposed.rejected and proposed.result is not None:
+        # The real patch would fail the same way: the driver gets the apiserver's answer.
+        return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
     stored_rv = stored_resource_version(current)
     if conflict := stale_conflict(info, kind, requested_resource_version(patch), stored_rv):
         return conflict
     try:
-        result = proposed or patched_object(media_type, current, patch)
-        pinned = pin_patch(media_type, patch, stored_rv)
+        if proposed is not None and proposed.result is not None:
+            result, pinned = proposed.result, proposed.body
+        else:
+            result = patched_object(media_type, current, patch)
+            pinned = pin_patch(media_type, patch, stored_rv)
     except PatchError as exc:
         return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
     return body_shape(info, kind, result) or (result, pinned)
@@ -150,14 +163,3 @@ def pin_delete(
     options["preconditions"] = preconditions
     # SECURITY: DESIGN §4.4 — the delete lands only on the object that was checked.
     return allow("stored object belongs to the driver on this node", info, options)
-
-
-def not_found(info: RequestInfo, kind: KindSpec) -> Decision:
-    return deny(
-        404,
-        "object not found",
-        f'{kind.qualified} "{info.name}" not found',
-        group=kind.group,
-        kind=kind.resource,
-        name=info.name,
-    )

@@ -6,7 +6,7 @@ import io
 import re
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -130,7 +130,7 @@ class _Context:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def fail(self, key: str, why: str) -> Any:
+    def fail(self, key: str, why: str) -> NoReturn:
         where = f"{self.source}: {key}" if key else self.source
         raise ConfigError(f"{where}: {why}")
 

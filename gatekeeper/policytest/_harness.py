@@ -31,7 +31,7 @@ from gatekeeper.policytest._model import MalformedTest, TestCase, TestFile
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.server import socket_path
 from gatekeeper.testing import APIServer, JournalEntry, Store, served_kinds
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream import UpstreamSession
 
 __all__ = ["Forwarded", "Harness", "Outcome"]
 
@@ -125,7 +125,7 @@ class Harness:
         self.apiserver = APIServer(served_kinds(test_file.policy), token=_TOKEN)
         self._sink = _MemorySink()
         self._runner: web.AppRunner | None = None
-        self._upstream: Upstream | None = None
+        self._upstream: UpstreamSession | None = None
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._socket_dir = Path(tempfile.mkdtemp(prefix="gk-test-"))
 
@@ -144,7 +144,7 @@ class Harness:
 
     async def _start(self) -> None:
         url = await self.apiserver.start()
-        self._upstream = Upstream(UpstreamConfig(server=url, token=_TOKEN))
+        self._upstream = UpstreamSession(UpstreamConfig(server=url, token=_TOKEN))
         await self._upstream.start()
         engine = Engine(self.file.policy, self.file.node, node_labels=dict(self.file.node_labels))
         gatekeeper = Gatekeeper(

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
-from tests.conftest import GPU, NIC, NODE
-from tests.test_proxy import PINNED, SLICES, seed, slice_body
+from gatekeeper.testing.harness import GPU, NIC, NODE, PINNED, SLICES, Audited, seed, slice_body
 
 __all__ = ["SA_GPU", "SA_NIC", "apiserver_event", "record_run", "write_apiserver_log"]
 

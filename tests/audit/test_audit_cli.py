@@ -14,9 +14,8 @@ import pytest
 from gatekeeper.audit.cli import EXIT_EMPTY, run_audit_command
 from gatekeeper.policy import load_policy
 from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
+from gatekeeper.testing.harness import GPU, NIC, Audited
 from tests.audit.logs import SA_GPU, SA_NIC, record_run, write_apiserver_log
-from tests.conftest import GPU, NIC
 
 DEFAULT = str(Path(__file__).parents[2] / "gatekeeper" / "policies" / "default.yaml")
 

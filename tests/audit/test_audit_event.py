@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from gatekeeper.audit import AuditLevel, build_event, client_audit_id
-from gatekeeper.errors import Refusal
 from gatekeeper.flow import Flow
 from gatekeeper.identity import Identity
+from gatekeeper.policy.decision import deny
 from gatekeeper.requestinfo import parse_request
 
 GPU = "gpu.example.com"
@@ -74,8 +74,8 @@ def test_event_fields() -> None:
 
 def test_refusal_is_forbid_with_reason() -> None:
     made = flow("GET", "/version", code=403)
-    made.refusal = Refusal(403, "header Impersonate-User is not allowed")
-    made.status_message = made.refusal.message
+    made.decision = deny(403, "header Impersonate-User is not allowed")
+    made.status_message = made.decision.message
     event = build_event(made, AuditLevel.METADATA)
     assert event["annotations"] == {
         "authorization.k8s.io/decision": "forbid",

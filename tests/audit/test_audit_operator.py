@@ -12,9 +12,8 @@ import pytest
 
 from gatekeeper.audit.cli import run_audit_command
 from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
+from gatekeeper.testing.harness import GPU, NODE, Audited
 from tests.audit.logs import SA_GPU, apiserver_event, record_run, write_apiserver_log
-from tests.conftest import GPU, NODE
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -119,7 +118,7 @@ def repeated_words(text: str) -> list[str]:
     """Lines where a word (not a count) follows itself, like "allowed: allowed: discovery"."""
     out = []
     for line in text.splitlines():
-        words = [word.strip("()[]:,.\"") for word in line.split()]
+        words = [word.strip('()[]:,."') for word in line.split()]
         if any(a == b and a and not a.isdigit() for a, b in itertools.pairwise(words)):
             out.append(line)
     return out

@@ -9,15 +9,24 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from importlib import resources
 from typing import Any
 
 import pytest
 
 from gatekeeper.audit import AuditLevel
+from gatekeeper.policy import Policy, parse_policy
 from gatekeeper.testing import APIServer
-from tests.audit.conftest import Audited
-from tests.conftest import GPU, NODE, NODE_TOKEN
-from tests.test_proxy import PINNED, SLICES, seed, slice_body
+from gatekeeper.testing.harness import (
+    GPU,
+    NODE,
+    NODE_TOKEN,
+    PINNED,
+    SLICES,
+    Audited,
+    seed,
+    slice_body,
+)
 
 DECISION = "authorization.k8s.io/decision"
 REASON = "authorization.k8s.io/reason"
@@ -182,3 +191,42 @@ async def test_thousand_concurrent_requests_thousand_events(
     assert sorted(event["auditID"] for event in events) == sorted(ids)
     decisions = Counter(event["annotations"][DECISION] for event in events)
     assert decisions == {"allow": 500, "forbid": 500}
+
+
+FORWARDED = "dra-gatekeeper.io/forwarded"
+
+
+async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited) -> None:
+    """An apply of a missing object is sent as a create: the event says so (and a plain create,
+    forwarded as sent, carries no such annotation)."""
+    apply = json.dumps(slice_body(name="node-a-applied"))
+    async with audited.unix_session(GPU) as session:
+        applied = await session.patch(
+            f"{SLICES}/node-a-applied?fieldManager=gpu-driver&force=true",
+            data=apply,
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        assert applied.status == 201, await applied.text()
+        created = await session.post(SLICES, json=slice_body())
+        assert created.status == 201
+    apply_event, create_event = await audited.events()
+    assert apply_event["verb"] == "patch"
+    assert apply_event["annotations"][FORWARDED] == f"POST {SLICES}?fieldManager=gpu-driver"
+    assert FORWARDED not in create_event["annotations"]
+
+
+def _injecting_policy() -> Policy:
+    default = resources.files("gatekeeper").joinpath("policies/default.yaml").read_text()
+    text = default.replace("listSelector: Require", "listSelector: Inject")
+    return parse_policy(text).with_drivers(frozenset({GPU}))
+
+
+@pytest.mark.parametrize("policy", [_injecting_policy()], ids=["inject"])
+async def test_injected_selector_terms_are_annotated(audited: Audited, policy: Policy) -> None:
+    async with audited.unix_session(GPU) as session:
+        listed = await session.get(f"{SLICES}?fieldSelector=spec.nodeName%3D{NODE}")
+        assert listed.status == 200, await listed.text()
+    (event,) = await audited.events()
+    assert event["annotations"][FORWARDED] == (
+        f"GET {SLICES}?fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
+    )

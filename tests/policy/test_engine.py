@@ -12,6 +12,7 @@ import pytest
 from gatekeeper.identity import Identity
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")
@@ -44,7 +45,7 @@ def stored(obj: dict[str, Any], rv: str = "7", uid: str = "uid-1") -> dict[str, 
 
 
 def decide(method: str, target: str, body: Any = None, current: Any = None, who: Identity = GPU):
-    return ENGINE.decide(who, parse_request(method, target), body, current)
+    return decide_offline(ENGINE, who, parse_request(method, target), body, current)
 
 
 ALLOWED = [
@@ -486,14 +487,15 @@ def test_delete_pins_uid_and_resource_version() -> None:
 
 
 def test_lookup_fetches_the_object_for_object_verbs_only() -> None:
-    assert ENGINE.lookup(GPU, parse_request("GET", f"{SLICES}/x")) == f"{SLICES}/x"
-    assert ENGINE.lookup(GPU, parse_request("PUT", f"{SLICES}/x")) == f"{SLICES}/x"
-    assert ENGINE.lookup(GPU, parse_request("GET", f"{SLICES}?watch=1")) is None
-    assert ENGINE.lookup(GPU, parse_request("POST", SLICES)) is None
-    assert ENGINE.lookup(GPU, parse_request("GET", "/api/v1/namespaces/a/secrets/x")) is None
-    assert ENGINE.lookup(STRANGER, parse_request("GET", f"{SLICES}/x")) is None
+    assert planned_fetch(ENGINE, GPU, parse_request("GET", f"{SLICES}/x")) == f"{SLICES}/x"
+    assert planned_fetch(ENGINE, GPU, parse_request("PUT", f"{SLICES}/x")) == f"{SLICES}/x"
+    assert planned_fetch(ENGINE, GPU, parse_request("GET", f"{SLICES}?watch=1")) is None
+    assert planned_fetch(ENGINE, GPU, parse_request("POST", SLICES)) is None
+    secret = parse_request("GET", "/api/v1/namespaces/a/secrets/x")
+    assert planned_fetch(ENGINE, GPU, secret) is None
+    assert planned_fetch(ENGINE, STRANGER, parse_request("GET", f"{SLICES}/x")) is None
     namespaced = parse_request("GET", "/apis/resource.k8s.io/v1/namespaces/a/resourceslices/x")
-    assert ENGINE.lookup(GPU, namespaced) is None
+    assert planned_fetch(ENGINE, GPU, namespaced) is None
 
 
 def test_inject_mode_adds_missing_terms() -> None:
@@ -502,16 +504,16 @@ def test_inject_mode_adds_missing_terms() -> None:
     from gatekeeper.policy import parse_policy
 
     engine = Engine(parse_policy(policy_text).with_drivers(frozenset({GPU.driver})), NODE)
-    decision = engine.decide(
-        GPU, parse_request("GET", f"{SLICES}?fieldSelector=spec.nodeName%3Dnode-a")
+    decision = decide_offline(
+        engine, GPU, parse_request("GET", f"{SLICES}?fieldSelector=spec.nodeName%3Dnode-a")
     )
     assert decision.allowed
     assert (
         decision.target.query_value("fieldSelector")
         == "spec.nodeName=node-a,spec.driver=gpu.example.com"
     )
-    refused = engine.decide(
-        GPU, parse_request("GET", f"{SLICES}?fieldSelector=spec.nodeName%3Dnode-b")
+    refused = decide_offline(
+        engine, GPU, parse_request("GET", f"{SLICES}?fieldSelector=spec.nodeName%3Dnode-b")
     )
     assert not refused.allowed
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from gatekeeper.testing import APIServer
-from tests.conftest import GPU, NIC, NODE, NODE_TOKEN, Kubectl, Running, needs_kubectl
+from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Kubectl, Running
 
 GROUP = "resource.k8s.io"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -448,7 +449,7 @@ async def test_other_writes_never_reach_upstream(
     assert apiserver.journal[since:] == []
 
 
-@needs_kubectl
+@pytest.mark.kubectl
 async def test_kubectl_get_claims_shows_only_ours(
     kubectl: Kubectl, gatekeeper: Running, apiserver: APIServer
 ) -> None:
@@ -464,3 +465,33 @@ async def test_kubectl_get_claims_shows_only_ours(
         "get", "resourceclaim", "mine", "-o", "jsonpath={.metadata.name}"
     )
     assert (code, out) == (0, "mine"), err
+
+
+RECORDINGS = Path(__file__).resolve().parents[1].parent / "shared" / "recordings"
+
+
+def recorded_status(name: str) -> bytes:
+    """The Status a real kube-apiserver answered, serialized in its own key order."""
+    path = RECORDINGS / name
+    if not path.exists():
+        pytest.skip(f"recording {name} is not available")
+    return json.dumps(json.loads(path.read_text())["response_body"]).encode()
+
+
+async def test_absent_and_hidden_objects_answer_the_apiservers_not_found(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    """DESIGN §4.3: a hidden claim and an absent one get the same bytes, the apiserver's."""
+    claim_404 = recorded_status("144-admin-get-resourceclaim-after-delete-404.json")
+    slice_404 = recorded_status("25-get-resourceslice-404.json")
+    async with gatekeeper.unix_session(GPU) as session:
+        absent = await session.get(f"{CLAIMS}/gk-claim-1")
+        assert absent.status == 404
+        assert json.dumps(await absent.json()).encode() == claim_404
+        apiserver.add(claim("gk-claim-1", NIC))
+        hidden = await session.get(f"{CLAIMS}/gk-claim-1")
+        assert hidden.status == 404
+        assert json.dumps(await hidden.json()).encode() == claim_404
+        missing = await session.get("/apis/resource.k8s.io/v1/resourceslices/does-not-exist")
+        assert missing.status == 404
+        assert json.dumps(await missing.json()).encode() == slice_404

@@ -14,7 +14,9 @@ from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.claims import first_difference
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH
+from gatekeeper.policy.plan import Plan
 from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")
@@ -98,7 +100,8 @@ def decide(
     media_type: str = "application/json",
     engine: Engine = ENGINE,
 ):
-    return engine.decide(who, parse_request(method, target), body, current, media_type=media_type)
+    info = parse_request(method, target)
+    return decide_offline(engine, who, info, body, current, media_type=media_type)
 
 
 # --- the scope: a result of the driver, on this node ----------------------------------------
@@ -364,19 +367,21 @@ def test_merge_patch_of_the_devices_list_replaces_it() -> None:
 def test_strategic_merge_decides_on_the_upstream_preview() -> None:
     proposed = with_status(STORED, devices=[entry(NIC.driver, "dev-1"), entry()])
     request = parse_request("PATCH", STATUS)
-    decision = ENGINE.decide(
+    patch = {"status": {"devices": [entry()]}}
+    decision = decide_offline(
+        ENGINE,
         GPU,
         request,
-        {"status": {"devices": [entry()]}},
+        patch,
         STORED,
         media_type="application/strategic-merge-patch+json",
         proposed=proposed,
     )
     assert decision.allowed, decision.message
-    assert ENGINE.needs_preview(GPU, request, STORED, "application/strategic-merge-patch+json")
-    assert not ENGINE.needs_preview(
-        GPU, request, claim(NIC.driver), "application/strategic-merge-patch+json"
-    )
+    plan = ENGINE.plan(GPU, request, "application/strategic-merge-patch+json")
+    assert isinstance(plan, Plan)
+    assert plan.preview(patch, STORED) is not None
+    assert plan.preview(patch, claim(NIC.driver)) is None
 
 
 REFUSED = [
@@ -448,13 +453,13 @@ def test_refused(method: str, target: str, body: Any, current: Any, code: int, r
 
 
 def test_lookup_fetches_only_what_may_proceed() -> None:
-    assert ENGINE.lookup(GPU, parse_request("GET", f"{CLAIMS}/c1")) == f"{CLAIMS}/c1"
-    assert ENGINE.lookup(GPU, parse_request("PUT", STATUS)) == f"{CLAIMS}/c1"
-    assert ENGINE.lookup(GPU, parse_request("GET", STATUS)) == f"{CLAIMS}/c1"
+    assert planned_fetch(ENGINE, GPU, parse_request("GET", f"{CLAIMS}/c1")) == f"{CLAIMS}/c1"
+    assert planned_fetch(ENGINE, GPU, parse_request("PUT", STATUS)) == f"{CLAIMS}/c1"
+    assert planned_fetch(ENGINE, GPU, parse_request("GET", STATUS)) == f"{CLAIMS}/c1"
     # Refused on the request alone: nothing is fetched.
-    assert ENGINE.lookup(GPU, parse_request("PUT", f"{CLAIMS}/c1")) is None
-    assert ENGINE.lookup(GPU, parse_request("DELETE", f"{CLAIMS}/c1")) is None
-    assert ENGINE.lookup(GPU, parse_request("GET", CLAIMS)) is None
+    assert planned_fetch(ENGINE, GPU, parse_request("PUT", f"{CLAIMS}/c1")) is None
+    assert planned_fetch(ENGINE, GPU, parse_request("DELETE", f"{CLAIMS}/c1")) is None
+    assert planned_fetch(ENGINE, GPU, parse_request("GET", CLAIMS)) is None
 
 
 def test_first_difference_names_paths() -> None:

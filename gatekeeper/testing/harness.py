@@ -1,0 +1,58 @@
+"""A gatekeeper under test: started in front of the embedded API server and reached as a driver
+would (Unix socket, mTLS, kubectl, raw bytes), or its engine driven offline.
+
+Not imported by :mod:`gatekeeper.testing` itself: this module loads the gatekeeper, parsers
+included, which the embedded API server must not share (it is the oracle the gatekeeper is
+checked against).
+"""
+
+from gatekeeper.testing._engine import decide_offline, planned_fetch
+from gatekeeper.testing._fixtures import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PINNED,
+    PKI,
+    SLICES,
+    Audited,
+    RecordingSink,
+    Running,
+    raw_request,
+    running_gatekeeper,
+    seed,
+    serve_config,
+    slice_body,
+)
+from gatekeeper.testing._kubectl import (
+    KUBECTL,
+    SELECTOR,
+    Kubectl,
+    slice_manifest,
+    write_kubeconfig,
+)
+
+__all__ = [
+    "GPU",
+    "KUBECTL",
+    "NIC",
+    "NODE",
+    "NODE_TOKEN",
+    "PINNED",
+    "PKI",
+    "SELECTOR",
+    "SLICES",
+    "Audited",
+    "Kubectl",
+    "RecordingSink",
+    "Running",
+    "decide_offline",
+    "planned_fetch",
+    "raw_request",
+    "running_gatekeeper",
+    "seed",
+    "serve_config",
+    "slice_body",
+    "slice_manifest",
+    "write_kubeconfig",
+]

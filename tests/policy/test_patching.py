@@ -1,0 +1,88 @@
+"""Patches, purely: the result a patch would store, and the patch pinned to what was checked."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gatekeeper.policy.patching import (
+    APPLY,
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE,
+    PatchError,
+    merge_patch,
+    patched_object,
+    pin_patch,
+)
+
+STORED: dict[str, Any] = {
+    "metadata": {"name": "s", "resourceVersion": "7", "labels": {"a": "1"}},
+    "spec": {"driver": "gpu", "devices": [{"name": "d0"}]},
+}
+
+# RFC 7386 Appendix A, verbatim.
+RFC7386 = [
+    ({"a": "b"}, {"a": "c"}, {"a": "c"}),
+    ({"a": "b"}, {"b": "c"}, {"a": "b", "b": "c"}),
+    ({"a": "b"}, {"a": None}, {}),
+    ({"a": "b", "b": "c"}, {"a": None}, {"b": "c"}),
+    ({"a": ["b"]}, {"a": "c"}, {"a": "c"}),
+    ({"a": "c"}, {"a": ["b"]}, {"a": ["b"]}),
+    ({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}, {"a": {"b": "d"}}),
+    ({"a": [{"b": "c"}]}, {"a": [1]}, {"a": [1]}),
+    (["a", "b"], ["c", "d"], ["c", "d"]),
+    ({"a": "b"}, ["c"], ["c"]),
+    ({"a": "foo"}, None, None),
+    ({"a": "foo"}, "bar", "bar"),
+    ({"e": None}, {"a": 1}, {"e": None, "a": 1}),
+    ([1, 2], {"a": "b", "c": None}, {"a": "b"}),
+    ({}, {"a": {"bb": {"ccc": None}}}, {"a": {"bb": {}}}),
+]
+
+
+@pytest.mark.parametrize(("target", "patch", "result"), RFC7386, ids=range(len(RFC7386)))
+def test_merge_patch_is_rfc7386(target: Any, patch: Any, result: Any) -> None:
+    before = copy.deepcopy(target)
+    assert merge_patch(target, patch) == result
+    assert target == before  # never mutated
+
+
+@pytest.mark.parametrize("media_type", [MERGE_PATCH, STRATEGIC_MERGE, APPLY])
+def test_object_patches_merge(media_type: str) -> None:
+    result = patched_object(media_type, STORED, {"metadata": {"labels": {"b": "2"}}})
+    assert result["metadata"]["labels"] == {"a": "1", "b": "2"}
+    assert STORED["metadata"]["labels"] == {"a": "1"}
+
+
+def test_json_patch_applies_and_fails_as_the_apiserver_would() -> None:
+    ops = [{"op": "replace", "path": "/spec/driver", "value": "nic"}]
+    assert patched_object(JSON_PATCH, STORED, ops)["spec"]["driver"] == "nic"
+    with pytest.raises(PatchError, match="does not apply"):
+        patched_object(JSON_PATCH, STORED, [{"op": "test", "path": "/spec/driver", "value": "x"}])
+    with pytest.raises(PatchError, match="must be a list"):
+        patched_object(JSON_PATCH, STORED, {"op": "add"})
+    with pytest.raises(PatchError, match="does not contain 'op'"):
+        patched_object(JSON_PATCH, STORED, [{"path": "/spec"}])
+    with pytest.raises(PatchError, match="does not leave an object"):
+        patched_object(JSON_PATCH, STORED, [{"op": "replace", "path": "", "value": 1}])
+    with pytest.raises(PatchError, match="must be an object"):
+        patched_object(MERGE_PATCH, STORED, [1])
+
+
+def test_pinning_adds_the_precondition_without_touching_the_patch() -> None:
+    json_ops = [{"op": "add", "path": "/metadata/labels/b", "value": "2"}]
+    assert pin_patch(JSON_PATCH, json_ops, "7") == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        *json_ops,
+    ]
+    merge = {"metadata": {"resourceVersion": "3", "labels": {"b": "2"}}}
+    assert pin_patch(MERGE_PATCH, merge, "7") == {
+        "metadata": {"resourceVersion": "7", "labels": {"b": "2"}}
+    }
+    assert merge["metadata"]["resourceVersion"] == "3"
+    assert pin_patch(APPLY, {"spec": {}}, "7") == {"spec": {}, "metadata": {"resourceVersion": "7"}}
+    with pytest.raises(PatchError, match="metadata must be an object"):
+        pin_patch(STRATEGIC_MERGE, {"metadata": "x"}, "7")

@@ -1,0 +1,106 @@
+"""The engine's plan: what to read before deciding, and the patch preview built once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gatekeeper.policy import Decision, Engine, load_policy
+from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
+from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing import resource_slice
+from gatekeeper.testing.harness import GPU, NIC, NODE
+from gatekeeper.types import Identity
+
+ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU, NIC})), NODE)
+CALLER = Identity(driver=GPU, transport="unix")
+SLICE = "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu"
+CLAIM = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
+
+
+def plan(method: str, target: str, media_type: str = "application/json") -> Plan:
+    planned = ENGINE.plan(CALLER, parse_request(method, target), media_type)
+    assert isinstance(planned, Plan), planned
+    return planned
+
+
+def stored(driver: str = GPU) -> dict[str, Any]:
+    obj = resource_slice("node-a-gpu", driver=driver, node=NODE, pool="node-a-gpus")
+    obj["metadata"]["resourceVersion"] = "7"
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "fetch"),
+    [
+        ("GET", SLICE, SLICE),
+        ("PUT", SLICE, SLICE),
+        ("DELETE", SLICE, SLICE),
+        ("PUT", f"{CLAIM}/status", CLAIM),
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices", None),
+    ],
+    ids=["get", "update", "delete", "status-of-stored-object", "create"],
+)
+def test_the_plan_reads_the_stored_object_of_object_verbs(
+    method: str, target: str, fetch: str | None
+) -> None:
+    assert plan(method, target).fetch == fetch
+
+
+def test_requests_settled_on_their_own_need_no_plan() -> None:
+    refused = ENGINE.plan(Identity("evil.example.com", "mtls"), parse_request("GET", SLICE))
+    assert isinstance(refused, Decision) and refused.code == 403
+    discovery = ENGINE.plan(CALLER, parse_request("GET", "/apis"))
+    assert isinstance(discovery, Decision) and discovery.forwards
+
+
+@pytest.mark.parametrize("media_type", [STRATEGIC_MERGE, APPLY])
+def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
+    patch = {"metadata": {"labels": {"a": "b"}}}
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews
+    preview = planned.preview(patch, stored())
+    assert preview is not None
+    assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
+    assert preview.media_type == media_type
+    assert preview.target.target == SLICE
+    assert preview.dry_run.target == f"{SLICE}?dryRun=All"
+    assert patch == {"metadata": {"labels": {"a": "b"}}}
+
+
+@pytest.mark.parametrize(
+    ("media_type", "patch", "current"),
+    [
+        (MERGE_PATCH, {}, stored()),
+        (JSON_PATCH, [], stored()),
+        (STRATEGIC_MERGE, {}, None),
+        (STRATEGIC_MERGE, {}, stored(NIC)),
+        (STRATEGIC_MERGE, [], stored()),
+        (STRATEGIC_MERGE, {"metadata": "x"}, stored()),
+    ],
+    ids=["merge", "json", "absent", "not-the-callers", "not-an-object", "unpinnable"],
+)
+def test_no_preview_where_none_is_needed_or_allowed(
+    media_type: str, patch: Any, current: Any
+) -> None:
+    planned = plan("PATCH", SLICE, media_type)
+    assert planned.previews is (media_type == STRATEGIC_MERGE)
+    assert planned.preview(patch, current) is None
+
+
+def test_a_preview_carries_the_upstreams_answer() -> None:
+    preview = Preview(parse_request("PATCH", SLICE), {}, STRATEGIC_MERGE)
+    assert (preview.code, preview.result, preview.rejected) == (0, None, False)
+    conflict = preview.answered(409, {"kind": "Status", "code": 409})
+    assert conflict.rejected and conflict.result == {"kind": "Status", "code": 409}
+    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(), conflict)
+    assert (decision.allowed, decision.code, decision.forwards) == (True, 409, False)
+    assert decision.response == {"kind": "Status", "code": 409}
+
+
+def test_a_rejected_preview_of_another_drivers_object_is_still_refused() -> None:
+    conflict = Preview(parse_request("PATCH", SLICE), {}, STRATEGIC_MERGE).answered(409, {})
+    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(NIC), conflict)
+    assert (decision.allowed, decision.code) == (False, 403)

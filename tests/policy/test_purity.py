@@ -1,0 +1,59 @@
+"""STYLE rule 4, checked on what is loaded, not on what is written: importing every module of
+``gatekeeper.policy`` in a fresh interpreter loads nothing of the I/O side."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gatekeeper.policy
+
+FORBIDDEN = (
+    "asyncio",
+    "aiohttp",
+    "socket",
+    "ssl",
+    "cryptography",
+    "gatekeeper.upstream",
+    "gatekeeper.proxy",
+    "gatekeeper.identity",
+    "gatekeeper.certs",
+)
+MODULES = sorted(
+    f"gatekeeper.policy.{info.name}" for info in pkgutil.iter_modules(gatekeeper.policy.__path__)
+)
+PROBE = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_every_policy_module_is_found() -> None:
+    assert {
+        "gatekeeper.policy.engine",
+        "gatekeeper.policy.plan",
+        "gatekeeper.policy.decision",
+    } <= set(MODULES)
+
+
+def test_policy_modules_load_nothing_of_the_io_side() -> None:
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, "gatekeeper.policy", *MODULES],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        check=True,
+    )
+    loaded = json.loads(result.stdout)
+    offending = [
+        bad
+        for bad in FORBIDDEN
+        if any(name == bad or name.startswith(bad + ".") for name in loaded)
+    ]
+    assert offending == [], f"importing gatekeeper.policy loads {offending}"

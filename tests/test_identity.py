@@ -1,0 +1,125 @@
+"""Who is calling, from the accepted connection itself: real Unix sockets, real mTLS, plain TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatekeeper.config import server_ssl_context
+from gatekeeper.errors import Refusal
+from gatekeeper.identity import Identity, identify
+from gatekeeper.testing.harness import GPU, PKI
+
+Outcome = Identity | Refusal
+
+
+@asynccontextmanager
+async def identifying(
+    socket_drivers: Callable[[str], Mapping[str, str]],
+    *,
+    unix: bool = False,
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[tuple[str | int, asyncio.Queue[Outcome]]]:
+    """A listener that answers nothing and records what :func:`identify` says of each peer."""
+    seen: asyncio.Queue[Outcome] = asyncio.Queue()
+    directory = Path(tempfile.mkdtemp(prefix="gk-id-"))
+    path = str(directory / "api.sock")
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            seen.put_nowait(identify(writer.transport, socket_drivers(path)))
+        except Refusal as refusal:
+            seen.put_nowait(refusal)
+        writer.close()
+
+    if unix:
+        server = await asyncio.start_unix_server(accepted, path)
+        address: str | int = path
+    else:
+        server = await asyncio.start_server(accepted, "127.0.0.1", 0, ssl=tls)
+        address = server.sockets[0].getsockname()[1]
+    try:
+        yield address, seen
+    finally:
+        server.close()
+        await server.wait_closed()
+        Path(path).unlink(missing_ok=True)
+        directory.rmdir()
+
+
+async def connect_unix(path: str) -> None:
+    _, writer = await asyncio.open_unix_connection(path)
+    writer.close()
+
+
+async def connect_tcp(port: int, context: ssl.SSLContext | None = None) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    writer.close()
+
+
+async def test_a_unix_socket_names_its_driver_and_the_peer() -> None:
+    async with identifying(lambda path: {path: GPU}, unix=True) as (path, seen):
+        assert isinstance(path, str)
+        await connect_unix(path)
+        identity = await asyncio.wait_for(seen.get(), 10)
+    assert isinstance(identity, Identity)
+    assert (identity.driver, identity.transport) == (GPU, "unix")
+    assert identity.peer == {
+        "pid": str(os.getpid()),
+        "uid": str(os.getuid()),
+        "gid": str(os.getgid()),
+    }
+
+
+async def test_a_unix_socket_bound_to_no_driver_is_401() -> None:
+    async with identifying(lambda path: {}, unix=True) as (path, seen):
+        assert isinstance(path, str)
+        await connect_unix(path)
+        refusal = await asyncio.wait_for(seen.get(), 10)
+    assert isinstance(refusal, Refusal)
+    assert (refusal.code, refusal.message) == (401, "Unauthorized")
+    assert "no driver is bound to socket" in refusal.reason
+
+
+async def test_an_mtls_client_is_its_certificate_cn(pki: PKI) -> None:
+    context = server_ssl_context(pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt"))
+    async with identifying(lambda path: {}, tls=context) as (port, seen):
+        assert isinstance(port, int)
+        await connect_tcp(port, pki.client_context(GPU))
+        identity = await asyncio.wait_for(seen.get(), 10)
+        await connect_tcp(port, pki.client_context(None))
+        anonymous = await asyncio.wait_for(seen.get(), 10)
+    assert isinstance(identity, Identity)
+    assert (identity.driver, identity.transport) == (GPU, "mtls")
+    assert identity.peer["certSerial"] and identity.peer["certNotAfter"]
+    assert isinstance(anonymous, Refusal) and anonymous.code == 401
+    assert anonymous.reason == "no verified client certificate with a subject CN"
+
+
+async def test_plain_tcp_and_a_closed_connection_have_no_identity() -> None:
+    async with identifying(lambda path: {}) as (port, seen):
+        assert isinstance(port, int)
+        await connect_tcp(port)
+        refusal = await asyncio.wait_for(seen.get(), 10)
+    assert isinstance(refusal, Refusal) and refusal.code == 401
+    assert refusal.reason == "no identity: use the driver's Unix socket or mTLS"
+    with pytest.raises(Refusal) as closed:
+        identify(None, {})
+    assert closed.value.reason == "connection closed before identification"
+
+
+def test_identity_is_the_dependency_free_value() -> None:
+    from gatekeeper import types
+
+    assert Identity is types.Identity
+    caller: Any = Identity(driver=GPU, transport="unix")
+    with pytest.raises(AttributeError):
+        caller.driver = "other"
