@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import quote
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.names import is_dns_subdomain, is_driver_name
@@ -185,6 +184,17 @@ class _Checker:
         return out
 
 
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def _escape(text: str) -> str:
+    """Percent-encode all but RFC 3986 unreserved bytes, as client-go encodes query values.
+
+    (The driver's side of the wire: what the gatekeeper forwards is RequestInfo's own form.)
+    """
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in text.encode())
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -288,7 +298,7 @@ def _request(check: _Checker, raw: Any, line: int) -> RequestSpec:
         encoded = query
     elif query is not None:
         pairs = check.string_map(query, "request.query", request.key_line("query"))
-        encoded = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs.items())
+        encoded = "&".join(f"{_escape(k)}={_escape(v)}" for k, v in pairs.items())
     else:
         encoded = ""
     if encoded:
