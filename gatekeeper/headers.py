@@ -6,7 +6,13 @@ from collections.abc import Mapping
 
 from gatekeeper.errors import Refusal
 
-__all__ = ["ALLOWED_METHODS", "forwarded_request_headers", "response_headers", "screen_request"]
+__all__ = [
+    "ALLOWED_METHODS",
+    "accepts_plain_json",
+    "forwarded_request_headers",
+    "response_headers",
+    "screen_request",
+]
 
 ALLOWED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 
@@ -24,6 +30,25 @@ _RESPONSE_HEADERS = frozenset(
         "x-kubernetes-pf-prioritylevel-uid",
     }
 )
+
+
+_PLAIN_JSON_RANGES = frozenset({"application/json", "application/*", "*/*"})
+
+
+def accepts_plain_json(accept: str) -> bool:
+    """Whether every media range of an ``Accept`` header is answered by a plain JSON object
+    (``application/json`` without ``as=``/``g=``/``v=``, ``application/*``, ``*/*``; an empty
+    header too): then no Table, metadata-only or protobuf form was asked for."""
+    for media_range in accept.split(","):
+        kind, *params = (part.strip().lower() for part in media_range.split(";"))
+        if not kind and not params:
+            continue
+        if kind not in _PLAIN_JSON_RANGES:
+            return False
+        names = {param.split("=", 1)[0].strip() for param in params}
+        if names - {"q", "charset"}:
+            return False
+    return True
 
 
 def screen_request(method: str, headers: Mapping[str, str]) -> None:

@@ -28,7 +28,12 @@ from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
 from gatekeeper.flow import Flow, Forwarded
-from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
+from gatekeeper.headers import (
+    accepts_plain_json,
+    forwarded_request_headers,
+    response_headers,
+    screen_request,
+)
 from gatekeeper.identity import identify
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
@@ -87,7 +92,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
         flow.media_type, flow.body = await read_body(request, flow.info)
-        flow.decision = await decide(gk, flow)
+        flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
         if flow.decision.forwards:
             return await forward(request, flow, gk)
         return _answer(flow, flow.decision)
@@ -123,10 +128,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
         await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
-async def decide(gk: Gatekeeper, flow: Flow) -> Decision:
+async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:
     """The engine's conversation: plan, read what it needs, decide."""
     assert flow.identity is not None and flow.info is not None
-    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type)
+    plain_json = accepts_plain_json(accept)
+    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type, plain_json=plain_json)
     if isinstance(plan, Decision):
         return plan
     if plan.fetch is not None:

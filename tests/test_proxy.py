@@ -161,7 +161,7 @@ REFUSALS = [
         'cannot list resource "secrets"',
     ),
     ("pods", "POST", "/api/v1/namespaces/default/pods", {"kind": "Pod"}, 403, "does not allow"),
-    ("nodes", "GET", "/api/v1/nodes", None, 403, "does not allow"),
+    ("nodes", "GET", "/api/v1/nodes", None, 403, "verb list is not allowed on nodes"),
     (
         "clusterroles",
         "GET",
@@ -496,7 +496,7 @@ async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
     class Broken:
         node_name = NODE
 
-        def plan(self, *args: Any) -> Any:
+        def plan(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug")
 
     sink = RecordingSink()

@@ -41,7 +41,10 @@ def test_default_policy_rules() -> None:
         "resourceclaims",
         "resourceclaims/status",
         "resourceclaims/driver",
+        "nodes",
     }
+    # The node's own Node (rule OwnNode): read only; the gatekeeper forwards no other name.
+    assert rules["nodes"] == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
     assert rules["resourceslices"]["verbs"] == [
         "get",
         "list",
@@ -63,7 +66,7 @@ def test_default_policy_rules() -> None:
         "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"],
         "verbs": ["get"],
     }
-    assert "nodes" not in rules and "secrets" not in rules
+    assert "secrets" not in rules and "nodes/status" not in rules
 
 
 def test_a_new_kind_gets_its_verbs_and_nothing_for_claims() -> None:

@@ -179,7 +179,7 @@ async def test_start_logs_version_node_drivers_listeners_and_kinds(
         text = "\n".join(record.getMessage() for record in caplog.records)
         health = running.server.health_port
     assert f"version={__version__} node=node-a drivers={GPU},{NIC}" in text
-    assert "kinds=devicepools.devmgmtproto.k8s.io,resourceclaims.resource.k8s.io," in text
+    assert "kinds=devicepools.devmgmtproto.k8s.io,nodes,resourceclaims.resource.k8s.io," in text
     assert f"listening driver={GPU} socket={running.socket_path(GPU)}" in text
     assert f"listening driver={NIC} socket={running.socket_path(NIC)}" in text
     assert f"listening mtls=127.0.0.1:{running.server.tls_port}" in text

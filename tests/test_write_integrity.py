@@ -167,12 +167,15 @@ async def test_failed_json_patch_is_422_without_forwarding(
     assert writes(apiserver) == []
 
 
-async def test_apply_on_a_missing_object_is_forwarded_as_a_create(
+async def test_apply_on_a_missing_slice_is_forwarded_as_the_apply(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
+    """ResourceSlice driver, node and pool are immutable (policy ``immutable``): the apply is
+    forwarded as sent, so its fields belong to an Apply manager (issue 9 item 3). A kind
+    without that guarantee gets a create: tests/test_apiserver_parity.py."""
     status, body = await send_patch(gatekeeper, APPLY, slice_body(name=NAME), query=APPLY_QUERY)
     assert status == 201, body
-    assert writes(apiserver) == [("POST", SLICES, "fieldManager=gpu-driver")]
+    assert writes(apiserver) == [("PATCH", f"{SLICES}/{NAME}", APPLY_QUERY[1:])]
     status, body = await send_patch(
         gatekeeper,
         APPLY,
@@ -198,7 +201,9 @@ async def test_apply_create_cannot_land_on_an_object_created_in_between(
     upstream = CreatesInBetween(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
     async with running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running:
         status, body = await send_patch(running, APPLY, slice_body(name=NAME), query=APPLY_QUERY)
-    assert status == 409 and body["reason"] == "AlreadyExists"
+    # The apply lands on the other driver's slice; the apiserver refuses to change its driver.
+    assert status == 422 and body["reason"] == "Invalid", body
+    assert "spec.driver: Invalid value" in body["message"] and "immutable" in body["message"]
     assert apiserver.get("resource.k8s.io", "resourceslices", NAME)["spec"]["driver"] == NIC
 
 

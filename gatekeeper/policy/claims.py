@@ -7,8 +7,8 @@ status-list entries it owns. Every field name comes from the policy (:class:`All
 
 from __future__ import annotations
 
-import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "decide_allocated",
     "first_difference",
     "request_refusal",
+    "same_instant",
     "status_change_violation",
 ]
 
@@ -154,10 +155,15 @@ def status_change_violation(
     paths: AllocationPaths, stored: KubeObject, proposed: KubeObject, driver: str
 ) -> str | None:
     """Why ``proposed`` changes more than ``driver``'s own entries of the status list, naming
-    the first differing path; None when it does not."""
+    the first differing path; None when it does not.
+
+    Values are compared by what the apiserver would store (:func:`first_difference` with the
+    version's opaque paths), so that an official client's re-send of what it read passes.
+    """
     devices = _dotted(paths.devices)
     rule = f"a driver may change only its own {devices} entries"
-    if difference := first_difference(_rest(stored, paths), _rest(proposed, paths)):
+    opaque = paths.opaque
+    if difference := first_difference(_rest(stored, paths), _rest(proposed, paths), opaque=opaque):
         return f"{difference} differs from the stored object: {rule}"
     old, new = get_field(stored, paths.devices), get_field(proposed, paths.devices)
     old = [] if old is MISSING or old is None else old
@@ -167,9 +173,9 @@ def status_change_violation(
     others_old = [(i, e) for i, e in enumerate(old) if not _owned(e, paths, driver)]
     others_new = [(j, e) for j, e in enumerate(new) if not _owned(e, paths, driver)]
     for (_, before), (j, after) in zip(others_old, others_new, strict=False):
-        if before != after:
-            where = first_difference(before, after, f"{devices}[{j}]")
-            return f"{where} differs from the stored object ({_owner(before, paths)}): {rule}"
+        where = f"{devices}[{j}]"
+        if found := first_difference(before, after, where, opaque=opaque, keys=paths.devices):
+            return f"{found} differs from the stored object ({_owner(before, paths)}): {rule}"
     if len(others_new) > len(others_old):
         j, entry = others_new[len(others_old)]
         return f"{devices}[{j}] is added for {_owner(entry, paths)}: {rule}"
@@ -179,34 +185,149 @@ def status_change_violation(
     return None
 
 
-def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
-    """The first path (in ``a``'s key order, then ``b``'s new keys) where ``a`` and ``b``
-    differ, like ``status.allocation.devices.results[0].device``; None when equal."""
-    if a == b:
+def first_difference(
+    stored: Any,
+    proposed: Any,
+    prefix: str = "",
+    *,
+    opaque: tuple[FieldPath, ...] | None = None,
+    keys: FieldPath = (),
+) -> str | None:
+    """The first path (in ``stored``'s key order, then ``proposed``'s new keys) where the two
+    differ, like ``status.allocation.devices.results[0].device``; None when equal.
+
+    With ``opaque=None`` the comparison is exact JSON equality (``true`` is not ``1``). With
+    a tuple of opaque paths it is by meaning, as the apiserver stores it, everywhere except
+    under those paths (``keys`` is where ``stored`` sits, list indexes left out):
+
+    - a string in the apiserver's canonical time form and a string denoting the same instant
+      at that precision are equal (:func:`same_instant`);
+    - a key whose stored value is null and which the proposed object leaves out is unchanged.
+
+    Both are what the official Python client does when it re-sends an object it read (it
+    writes ``+00:00`` times and drops null model attributes such as ``conditions: null``);
+    client-go re-encodes with the apiserver's own Go types and so sends what it read.
+    Under an opaque path (a RawExtension such as ``status.devices[].data``, kept byte for byte
+    as sent, see recordings 180-181) every difference counts.
+    """
+    if stored == proposed and _json(stored) == _json(proposed):
+        # Equal JSON (Python's == alone would take true for 1 and 1.0 for 1): done, without
+        # walking the subtree.
         return None
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in [*a, *(k for k in b if k not in a)]:
+    exact = opaque is None or any(keys[: len(path)] == path for path in opaque)
+    if isinstance(stored, dict) and isinstance(proposed, dict):
+        for key in [*stored, *(k for k in proposed if k not in stored)]:
             child = _child(prefix, key)
-            if key not in a or key not in b:
+            if key not in proposed and stored[key] is None and not exact:
+                continue  # null and absent decode alike into the apiserver's Go types
+            if key not in stored or key not in proposed:
                 return child
-            if found := first_difference(a[key], b[key], child):
+            found = first_difference(
+                stored[key], proposed[key], child, opaque=opaque, keys=(*keys, str(key))
+            )
+            if found:
                 return found
-    elif isinstance(a, list) and isinstance(b, list):
-        for index in range(max(len(a), len(b))):
+        return None
+    if isinstance(stored, list) and isinstance(proposed, list):
+        for index in range(max(len(stored), len(proposed))):
             child = f"{prefix}[{index}]"
-            if index >= len(a) or index >= len(b):
+            if index >= len(stored) or index >= len(proposed):
                 return child
-            if found := first_difference(a[index], b[index], child):
+            found = first_difference(
+                stored[index], proposed[index], child, opaque=opaque, keys=keys
+            )
+            if found:
                 return found
+        return None
+    if type(stored) is type(proposed) and stored == proposed:
+        return None
+    if not exact and isinstance(stored, str) and isinstance(proposed, str):
+        return None if same_instant(stored, proposed) else prefix or "the object"
     return prefix or "the object"
 
 
+# RFC 3339 date-time as Go's time.RFC3339 parses it (upper-case T and Z, any fraction).
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:(Z)|([+-])(\d{2}):(\d{2}))$"
+)
+# The forms the apiserver serves: metav1.Time (whole seconds) and metav1.MicroTime, in UTC.
+_CANONICAL_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+_CANONICAL_MICRO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+
+
+def same_instant(stored: str, proposed: str) -> bool:
+    """Whether ``proposed`` denotes the instant ``stored`` holds, as the apiserver stores it.
+
+    Only when ``stored`` is in a form the apiserver serves its times in (``…:05Z``, or
+    ``…:05.123456Z`` for MicroTime) and ``proposed`` parses as an RFC 3339 date-time: the
+    apiserver stores a time in UTC at that precision, cutting finer digits (recordings
+    186-187: ``2026-12-02T23:30:00.5+02:00`` is stored as ``2026-12-02T21:30:00Z``).
+    Why this is safe where a string is not a time field: ``stored`` already is a canonical
+    UTC time and ``proposed`` names the same instant, so only its spelling changes; opaque
+    data, where the spelling itself is kept, is compared exactly by the caller.
+    """
+    if _CANONICAL_MICRO.match(stored):
+        unit = 1
+    elif _CANONICAL_TIME.match(stored):
+        unit = _MICROS
+    else:
+        return False
+    want, got = _rfc3339_micros(stored), _rfc3339_micros(proposed)
+    return want is not None and got is not None and got // unit * unit == want
+
+
+_MICROS = 1_000_000
+_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _rfc3339_micros(text: str) -> int | None:
+    """Microseconds since the epoch (UTC) of an RFC 3339 date-time; None if it is not one.
+
+    Computed with integers rather than ``datetime`` (the engine reads no clock, STYLE rule 4).
+    """
+    match = _RFC3339.match(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, zulu, sign, off_hours, off_minutes = match.groups()[6:]
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
+        return None
+    if not 1 <= day <= _DAYS_IN_MONTH[month - 1] + (1 if leap and month == 2 else 0):
+        return None
+    offset = 0
+    if not zulu:
+        if int(off_hours) > 23 or int(off_minutes) > 59:
+            return None
+        offset = (int(off_hours) * 60 + int(off_minutes)) * (-1 if sign == "-" else 1)
+    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
+    seconds -= offset * 60
+    return seconds * _MICROS + int((fraction or "").ljust(6, "0")[:6])
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
 def _rest(obj: KubeObject, paths: AllocationPaths) -> KubeObject:
-    """``obj`` without the status list and the server-maintained fields."""
-    rest = copy.deepcopy(obj)
+    """``obj`` without the status list and the server-maintained fields (only the objects on
+    those paths are copied; ``obj`` is not modified)."""
+    rest = dict(obj)
     for path in (*_SERVER_MAINTAINED, paths.devices):
-        parent = get_field(rest, path[:-1])
-        if isinstance(parent, dict):
+        parent = rest
+        for key in path[:-1]:
+            child = parent.get(key)
+            if not isinstance(child, dict):
+                break
+            parent[key] = child = dict(child)
+            parent = child
+        else:
             parent.pop(path[-1], None)
     return rest
 
@@ -220,6 +341,10 @@ def _owner(entry: Any, paths: AllocationPaths) -> str:
     if isinstance(owner, str):
         return f'driver "{owner}"'
     return f"no {_dotted(paths.device_driver)}"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _child(prefix: str, key: Any) -> str:

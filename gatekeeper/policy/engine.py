@@ -9,13 +9,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
-from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
-from gatekeeper.policy.integrity import body_shape, patch_result, pin_delete, pinned_update
+from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
+from gatekeeper.policy.integrity import (
+    body_shape,
+    checked_delete_options,
+    patch_result,
+    pin_delete,
+    pinned_update,
+)
 from gatekeeper.policy.model import (
     Field,
     KindRule,
@@ -27,13 +33,20 @@ from gatekeeper.policy.model import (
 )
 from gatekeeper.policy.nodeselector import node_labels_with_hostname
 from gatekeeper.policy.ownership import fill_missing, ownership_violation
+from gatekeeper.policy.ownnode import decide_own_node
 from gatekeeper.policy.patching import APPLY
 from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
+from gatekeeper.status import status_body
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["Engine"]
+__all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
+
+METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
+"""The apiserver's 405 message (recording 199: POST to a named path)."""
+ANSWERED_FROM_READ = "stored object belongs to the driver on this node; answered from that read"
+"""The reason of a plain-JSON get answered with the object the decision was made on."""
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
@@ -55,25 +68,36 @@ class Engine:
     node_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def plan(
-        self, identity: Identity, info: RequestInfo, media_type: str = _JSON
+        self,
+        identity: Identity,
+        info: RequestInfo,
+        media_type: str = _JSON,
+        *,
+        plain_json: bool = False,
     ) -> Plan | Decision:
         """The request-level rules, once: a final Decision when they settle the request (refused,
         or a non-resource path), else the :class:`Plan` of what to read before :meth:`decide`.
 
         Nothing is fetched for a request already refused on its own (DESIGN §4.3: a refused
         request never reaches the apiserver, not even as the gatekeeper's read).
+        ``plain_json``: the driver accepts the plain JSON object the gatekeeper reads (not a
+        Table, metadata-only or protobuf form), so a get may be answered from that read.
         """
         screened = self._screen(identity, info)
         if isinstance(screened, Decision):
             return screened
         kind, version = screened
+        if kind.rule is KindRule.OWN_NODE:
+            # The node's own object: decided on the request alone, nothing to read first.
+            return decide_own_node(identity.driver, info, kind, self.node_name)
         scope = None
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
             scope = self._scope(identity.driver, version)
         fetch = None
         if info.verb in _OBJECT_VERBS:
             fetch = info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
-        return Plan(identity, info, media_type, kind, version, self.node_name, fetch, scope)
+        plan = Plan(identity, info, media_type, kind, version, self.node_name, fetch, scope)
+        return replace(plan, answer_from_fetch=plain_json and _answerable_get(info))
 
     def decide(
         self,
@@ -94,6 +118,14 @@ class Engine:
             return decide_allocated(
                 plan.scope, info, kind, body, current, media_type=media_type, proposed=proposed
             )
+        if info.verb == "deletecollection" and body is not None:
+            # The client's DeleteOptions (dry run, preconditions, propagation) go upstream as
+            # sent, once known to be DeleteOptions (issue 9 item 2; recordings 163-166).
+            options = checked_delete_options(info, kind, body)
+            if isinstance(options, Decision):
+                return options
+            pinned = self._pin_selector(driver, info, kind, version)
+            return replace(pinned, body=options) if pinned.forwards else pinned
         if info.verb in _COLLECTION_VERBS:
             return self._pin_selector(driver, info, kind, version)
         if info.verb == "create":
@@ -104,6 +136,10 @@ class Engine:
             return not_found(info, kind.qualified)
         if problem := ownership_violation(version, current, driver, self.node_name, stored=True):
             return forbid(driver, info, problem)
+        if info.verb == "get" and plan.answer_from_fetch:
+            # The object checked is the answer: a second read could return another object
+            # (deleted and re-created by someone else in between) unchecked (issue 9 item 7).
+            return answered(ANSWERED_FROM_READ, 200, current)
         if info.verb == "get":
             return allow("stored object belongs to the driver on this node", info)
         if info.verb == "update":
@@ -168,6 +204,11 @@ class Engine:
             return forbid(driver, info, f"verb {info.verb} is not allowed on {kind.qualified}")
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (why := request_refusal(info)):
             return forbid(driver, info, why)
+        if info.verb == "create" and info.name and not info.subresource:
+            # A POST to a named path: the apiserver routes no create there (recording 199).
+            refusal = deny(405, f"{info.method} to a named {kind.qualified} path")
+            status = {**status_body(405, METHOD_NOT_ALLOWED), "details": {}, "code": 405}
+            return replace(refusal, message=METHOD_NOT_ALLOWED, response=status)
         return None
 
     def _scope(self, driver: str, version: VersionSpec) -> AllocationScope:
@@ -232,6 +273,18 @@ class Engine:
         decision = self._write(driver, info, kind, version, body, current=None)
         if not decision.allowed:
             return decision
+        if version.owner_fields_immutable:
+            # ... unless the apiserver itself refuses to change driver, node and pool of an
+            # existing object (policy ``immutable``; recordings 171-173): then an apply landing
+            # on an object created in between fails there (409 conflict or 422 immutable), and
+            # forwarding the apply keeps its field ownership (Apply, not Update), so the next
+            # apply with changed values succeeds (issue 9 item 3).
+            return allow(
+                "applied object is created for the driver on this node",
+                info,
+                decision.body,
+                APPLY,
+            )
         target = info.as_create()
         return allow("applied object is created for the driver on this node", target, decision.body)
 
@@ -258,3 +311,14 @@ class Engine:
                 return pinned
             body = pinned
         return allow("object belongs to the driver on this node", info, body)
+
+
+_ANSWERABLE_QUERY = frozenset({"resourceVersion"})
+
+
+def _answerable_get(info: RequestInfo) -> bool:
+    """Whether the gatekeeper's read (the latest object, no query) is the answer to this get:
+    no query, or only ``resourceVersion`` "" or "0" (any version will do)."""
+    return info.verb == "get" and all(
+        key in _ANSWERABLE_QUERY and value in ("", "0") for key, value in info.query
+    )

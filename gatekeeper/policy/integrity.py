@@ -4,6 +4,7 @@ a write land only on the object that was checked (DESIGN §4.4); shared by every
 from __future__ import annotations
 
 import copy
+import re
 from typing import TYPE_CHECKING, Any
 
 from gatekeeper.jsonpath import get_field
@@ -17,7 +18,10 @@ if TYPE_CHECKING:
     from gatekeeper.policy.plan import Preview
 
 __all__ = [
+    "DELETE_OPTION_FIELDS",
     "body_shape",
+    "checked_delete_options",
+    "delete_options",
     "patch_result",
     "pin_delete",
     "pin_resource_version",
@@ -135,6 +139,8 @@ def patch_result(
             result = patched_object(media_type, current, patch)
             pinned = pin_patch(media_type, patch, stored_rv)
     except PatchError as exc:
+        if exc.code != 422:
+            return deny(exc.code, str(exc))
         return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
     return body_shape(info, kind, result) or (result, pinned)
 
@@ -142,13 +148,15 @@ def patch_result(
 def pin_delete(
     info: RequestInfo, kind: KindSpec, body: KubeObject | None, current: KubeObject
 ) -> Decision:
-    meta = current.get("metadata", {})
-    options = copy.deepcopy(body) if isinstance(body, dict) else {}
+    """Allow the delete with the client's options (:func:`delete_options`) and preconditions on
+    ``current``'s uid and resourceVersion; 409 when the client's own preconditions differ."""
+    options = delete_options(info, kind, body)
+    if isinstance(options, Decision):
+        return options
     options.setdefault("kind", "DeleteOptions")
     options.setdefault("apiVersion", "v1")
+    meta = current.get("metadata", {})
     preconditions = options.get("preconditions") or {}
-    if not isinstance(preconditions, dict):
-        return deny(400, "DeleteOptions.preconditions must be an object")
     for key, stored in (("uid", meta.get("uid")), ("resourceVersion", meta.get("resourceVersion"))):
         asked = preconditions.get(key)
         if asked not in (None, "") and asked != stored:
@@ -163,3 +171,102 @@ def pin_delete(
     options["preconditions"] = preconditions
     # SECURITY: DESIGN §4.4 — the delete lands only on the object that was checked.
     return allow("stored object belongs to the driver on this node", info, options)
+
+
+DELETE_OPTION_FIELDS = frozenset(
+    {
+        "kind",
+        "apiVersion",
+        "gracePeriodSeconds",
+        "preconditions",
+        "orphanDependents",
+        "propagationPolicy",
+        "dryRun",
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+    }
+)
+"""The fields of a meta/v1 DeleteOptions body."""
+
+_OPTION_TYPES: dict[str, tuple[str, type]] = {
+    "kind": ("string", str),
+    "apiVersion": ("string", str),
+    "gracePeriodSeconds": ("int64", int),
+    "orphanDependents": ("bool", bool),
+    "propagationPolicy": ("string", str),
+    "ignoreStoreReadErrorWithClusterBreakingPotential": ("bool", bool),
+}
+_INT64 = re.compile(r"^[+-]?[0-9]+$")
+_INT64_RANGE = range(-(2**63), 2**63)
+
+
+def delete_options(info: RequestInfo, kind: KindSpec, body: Any) -> Decision | KubeObject:
+    """The DeleteOptions the apiserver would act on, as a body to forward (a new dict).
+
+    With a body the apiserver reads the options from the body alone and ignores the query
+    (recordings 149 and 154: ``?dryRun=All`` or ``?propagationPolicy=Orphan`` beside a body
+    change nothing), so the body is taken as it is (checked by
+    :func:`checked_delete_options`). Without one it reads the query, whose options are
+    carried into the body here: the gatekeeper always sends one (its preconditions), and a
+    query option left behind would be ignored — a dry-run delete would really delete.
+    """
+    if body is not None:
+        return checked_delete_options(info, kind, body)
+    options: KubeObject = {}
+    for key, value in info.query:
+        if key == "dryRun":
+            options["dryRun"] = [value]
+        elif key == "propagationPolicy":
+            options["propagationPolicy"] = value
+        elif key == "orphanDependents":
+            # requestinfo admits only the values Go's ParseBool and the apiserver agree on.
+            options["orphanDependents"] = value.lower() not in ("0", "false")
+        elif key == "gracePeriodSeconds":
+            if not _INT64.match(value) or int(value) not in _INT64_RANGE:
+                return deny(
+                    400,
+                    f'gracePeriodSeconds "{value}" is not an integer',
+                    f'invalid value "{value}" for gracePeriodSeconds: must be an int64',
+                )
+            options["gracePeriodSeconds"] = int(value)
+    return options
+
+
+def checked_delete_options(info: RequestInfo, kind: KindSpec, body: Any) -> Decision | KubeObject:
+    """A copy of a client's DeleteOptions body, or 400 when it is not one: a JSON object whose
+    keys are DeleteOptions fields of the right JSON types, ``kind`` (if given) DeleteOptions,
+    ``apiVersion`` (if given) ``v1``, ``meta.k8s.io/v1`` or the request's own group version.
+    """
+    if not isinstance(body, dict):
+        return deny(400, "a DeleteOptions body must be a JSON object")
+    for key, value in body.items():
+        if key not in DELETE_OPTION_FIELDS:
+            return deny(400, f'DeleteOptions has no field "{key}"')
+        if value is not None and (problem := _option_type_problem(key, value)):
+            return deny(400, f"DeleteOptions.{key}: {problem}")
+    own = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
+    if body.get("kind") not in (None, "DeleteOptions"):
+        return deny(400, f'body kind "{body["kind"]}" is not DeleteOptions')
+    if body.get("apiVersion") not in (None, "v1", "meta.k8s.io/v1", own):
+        return deny(400, f'DeleteOptions apiVersion "{body["apiVersion"]}" is not meta.k8s.io/v1')
+    return copy.deepcopy(body)
+
+
+def _option_type_problem(key: str, value: Any) -> str | None:
+    if key == "dryRun":
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return None
+        return "must be a list of strings"
+    if key == "preconditions":
+        if not isinstance(value, dict):
+            return "must be an object"
+        for name, item in value.items():
+            if name not in ("uid", "resourceVersion"):
+                return f'Preconditions has no field "{name}"'
+            if item is not None and not isinstance(item, str):
+                return f"{name} must be a string"
+        return None
+    type_name, expected = _OPTION_TYPES[key]
+    # bool is an int in Python, not in JSON: true is no gracePeriodSeconds.
+    if isinstance(value, expected) and (expected is bool or not isinstance(value, bool)):
+        return None
+    return f"must be of type {type_name}"

@@ -17,6 +17,7 @@ from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
     ANY_DRIVER,
+    OWN_NODE_VERBS,
     AllocationPaths,
     Field,
     KindRule,
@@ -48,7 +49,7 @@ _KIND_KEYS = {
     "listSelector",
     "fill",
 }
-_VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors"}
+_VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors", "immutable"}
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
 # field names are compiled in as defaults).
 ALLOCATION_KEYS = {
@@ -58,6 +59,8 @@ ALLOCATION_KEYS = {
     "devices": "devices",
     "deviceDriver": "device_driver",
 }
+# Optional AllocatedToDriver version key: paths (list steps implicit) of opaque JSON.
+_ALLOCATION_OPAQUE = "opaque"
 _NODE_LOCAL_ONLY = ("listSelector", "fill")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
@@ -122,7 +125,8 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         if key in kinds:
             ctx.fail(f"kinds[{index}]", f"{spec.qualified} is listed twice")
         kinds[key] = spec
-    groups = frozenset(spec.group for spec in kinds.values())
+    # The core group ("", e.g. an OwnNode kind) has no /apis/<group> discovery path to open.
+    groups = frozenset(spec.group for spec in kinds.values() if spec.group)
     return Policy(kinds=kinds, drivers=drivers, source=source, groups=groups)
 
 
@@ -197,7 +201,8 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
     resource = ctx.string(kind["resource"], _join(key, "resource"), _RESOURCE)
     rule = _enum(ctx, KindRule, kind["rule"], _join(key, "rule"))
     allocated = rule is KindRule.ALLOCATED_TO_DRIVER
-    verbs_allowed = ALLOCATED_VERBS if allocated else ALL_VERBS
+    own_node = rule is KindRule.OWN_NODE
+    verbs_allowed = ALLOCATED_VERBS if allocated else OWN_NODE_VERBS if own_node else ALL_VERBS
     verbs = frozenset(
         ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), _join(key, "verbs"))
     )
@@ -213,10 +218,18 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
     )
     if allocated:
         _check_allocated(ctx, key, kind, verbs, subresources)
+    if own_node:
+        _check_own_node(ctx, key, kind, verbs, subresources)
     versions_raw = kind["versions"]
     if not isinstance(versions_raw, dict) or not versions_raw:
         ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
-    parse_version = _parse_allocation_version if allocated else _parse_version
+    parse_version = (
+        _parse_allocation_version
+        if allocated
+        else _parse_own_node_version
+        if own_node
+        else _parse_version
+    )
     versions = {
         ctx.string(name, _join(key, f"versions.{name}"), _VERSION): parse_version(
             ctx, _join(key, f"versions.{name}"), spec
@@ -271,14 +284,46 @@ def _check_allocated(
         )
 
 
+def _check_own_node(
+    ctx: _Context,
+    key: str,
+    kind: Mapping[str, Any],
+    verbs: frozenset[str],
+    subresources: frozenset[str],
+) -> None:
+    """Rule OwnNode reads one cluster-scoped object, the one named after this node."""
+    for name in _NODE_LOCAL_ONLY:
+        if name in kind:
+            ctx.fail(_join(key, name), "is not used by rule OwnNode")
+    if extra := verbs - OWN_NODE_VERBS:
+        ctx.fail(
+            _join(key, "verbs"), f"rule OwnNode allows only get, not {', '.join(sorted(extra))}"
+        )
+    if subresources:
+        ctx.fail(_join(key, "subresources"), "rule OwnNode allows no subresources")
+    if kind.get("scope") != Scope.CLUSTER.value:
+        ctx.fail(_join(key, "scope"), "rule OwnNode names a cluster-scoped object")
+
+
+def _parse_own_node_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+    ctx.mapping({} if raw is None else raw, key, set())
+    return VersionSpec(paths={}, selectors={})
+
+
 def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
-    spec = ctx.mapping(raw, key, set(ALLOCATION_KEYS))
+    spec = ctx.mapping(raw, key, {*ALLOCATION_KEYS, _ALLOCATION_OPAQUE})
     paths: dict[str, FieldPath] = {}
     for name, attribute in ALLOCATION_KEYS.items():
         if name not in spec:
             ctx.fail(_join(key, name), "is required (a JSON path) by rule AllocatedToDriver")
         paths[attribute] = ctx.path(spec[name], _join(key, name))
-    return VersionSpec(paths={}, selectors={}, allocation=AllocationPaths(**paths))
+    where = _join(key, _ALLOCATION_OPAQUE)
+    opaque = tuple(
+        ctx.path(p, f"{where}[{i}]")
+        for i, p in enumerate(ctx.string_list(spec.get(_ALLOCATION_OPAQUE, []), where))
+    )
+    allocation = AllocationPaths(**paths, opaque=opaque)
+    return VersionSpec(paths={}, selectors={}, allocation=allocation)
 
 
 def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
@@ -303,7 +348,15 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
         ctx.path(p, f"{_join(key, 'forbidden')}[{i}]")
         for i, p in enumerate(ctx.string_list(spec.get("forbidden", []), _join(key, "forbidden")))
     )
-    return VersionSpec(paths=paths, selectors=selectors, forbidden=forbidden)
+    immutable = frozenset(
+        _enum(ctx, Field, name, f"{_join(key, 'immutable')}[{i}]")
+        for i, name in enumerate(
+            ctx.string_list(spec.get("immutable", []), _join(key, "immutable"))
+        )
+    )
+    if unlocated := sorted(f.value for f in immutable - set(paths)):
+        ctx.fail(_join(key, "immutable"), f"names {', '.join(unlocated)}, which has no path here")
+    return VersionSpec(paths=paths, selectors=selectors, forbidden=forbidden, immutable=immutable)
 
 
 def _enum(ctx: _Context, enum_type: Any, value: Any, key: str) -> Any:

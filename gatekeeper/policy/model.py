@@ -12,6 +12,7 @@ __all__ = [
     "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "OWN_NODE_VERBS",
     "AllocationPaths",
     "Field",
     "KindRule",
@@ -28,6 +29,8 @@ ALL_VERBS = frozenset(
 )
 ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
 """The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
+OWN_NODE_VERBS = frozenset({"get"})
+"""The verbs an OwnNode kind may allow: reading the one object."""
 
 
 class Scope(enum.Enum):
@@ -48,6 +51,9 @@ class KindRule(enum.Enum):
 
     NODE_LOCAL = "NodeLocal"
     ALLOCATED_TO_DRIVER = "AllocatedToDriver"
+    OWN_NODE = "OwnNode"
+    """The node object of this node itself (core/v1 Node ``<node name>``): get only, nothing
+    else about nodes (issue 9: the DRA publisher reads its Node for the owner reference)."""
 
 
 class ListSelectorMode(enum.Enum):
@@ -82,6 +88,9 @@ class AllocationPaths:
     """The per-device status list drivers write (``status.devices``)."""
     device_driver: FieldPath
     """The driver owning one status entry (``driver``)."""
+    opaque: tuple[FieldPath, ...] = ()
+    """Where the apiserver keeps JSON exactly as sent (RawExtension, e.g. ``status.devices.data``;
+    a step over a list applies to each item): compared exactly, not by meaning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +109,16 @@ class VersionSpec:
     """Paths that must be absent (or null/false) on a written object."""
     allocation: AllocationPaths | None = None
     """Paths of an AllocatedToDriver kind (None for NodeLocal)."""
+    immutable: frozenset[Field] = frozenset()
+    """Ownership fields the apiserver itself refuses to change on an existing object (422
+    ``field is immutable``). When every field in ``paths`` is, an apply that creates is
+    forwarded as an apply: should someone create the name first, the apiserver refuses the
+    apply rather than let it take the object over (issue 9, item 3)."""
+
+    @property
+    def owner_fields_immutable(self) -> bool:
+        """Whether every ownership field this version locates is immutable."""
+        return bool(self.paths) and set(self.paths) <= self.immutable
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,8 @@ class Plan:
     """The path of the stored object to read first; None when nothing is read."""
     scope: AllocationScope | None = None
     """For a kind scoped by allocation (DESIGN §4.3): what the caller may see."""
+    answer_from_fetch: bool = False
+    """A plain-JSON get of a NodeLocal object: answered with the object read at ``fetch``."""
 
     @property
     def driver(self) -> str:

@@ -197,12 +197,21 @@ FORWARDED = "dra-gatekeeper.io/forwarded"
 
 
 async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited) -> None:
-    """An apply of a missing object is sent as a create: the event says so (and a plain create,
-    forwarded as sent, carries no such annotation)."""
-    apply = json.dumps(slice_body(name="node-a-applied"))
+    """An apply of a missing object of a kind whose ownership fields may change (DevicePool)
+    is sent as a create: the event says so (and a plain create, forwarded as sent, carries no
+    such annotation). A ResourceSlice apply-create is forwarded as the apply (issue 9)."""
+    pools = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
+    apply = json.dumps(
+        {
+            "apiVersion": "devmgmtproto.k8s.io/v1alpha1",
+            "kind": "DevicePool",
+            "metadata": {"name": "node-a-applied"},
+            "spec": {"driver": GPU, "nodeName": NODE},
+        }
+    )
     async with audited.unix_session(GPU) as session:
         applied = await session.patch(
-            f"{SLICES}/node-a-applied?fieldManager=gpu-driver&force=true",
+            f"{pools}/node-a-applied?fieldManager=gpu-driver&force=true",
             data=apply,
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
@@ -211,7 +220,7 @@ async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited)
         assert created.status == 201
     apply_event, create_event = await audited.events()
     assert apply_event["verb"] == "patch"
-    assert apply_event["annotations"][FORWARDED] == f"POST {SLICES}?fieldManager=gpu-driver"
+    assert apply_event["annotations"][FORWARDED] == f"POST {pools}?fieldManager=gpu-driver"
     assert FORWARDED not in create_event["annotations"]
 
 

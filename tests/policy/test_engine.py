@@ -383,7 +383,8 @@ REFUSED = [
         'in the namespace "default"',
     ),
     ("pods", GPU, "GET", "/api/v1/pods", None, None, 403, "does not allow this resource"),
-    ("nodes", GPU, "PATCH", "/api/v1/nodes/node-a/status", {}, None, 403, "does not allow"),
+    # The default policy lets a driver GET its own Node (rule OwnNode), nothing more.
+    ("nodes", GPU, "PATCH", "/api/v1/nodes/node-a/status", {}, None, 403, "is not in the policy"),
     (
         "clusterroles",
         GPU,

@@ -64,6 +64,7 @@ def test_the_packaged_default_policy_loads() -> None:
         "resourceslices",
         "resourceclaims",
         "devicepools",
+        "nodes",
     }
     claims = policy.kind_for("resource.k8s.io", "resourceclaims")
     assert claims is not None and set(claims.versions) == {"v1", "v1beta2", "v1beta1", "v1alpha3"}

@@ -1,0 +1,173 @@
+"""Policy data for issue 9: per-version ``immutable`` ownership fields, rule OwnNode (the node's
+own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong, decided."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gatekeeper.errors import ConfigError
+from gatekeeper.identity import Identity
+from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
+from gatekeeper.policy.model import Field
+from gatekeeper.requestinfo import parse_request
+from gatekeeper.testing.harness import decide_offline, planned_fetch
+
+HEAD = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"
+SLICE = """\
+  - group: resource.k8s.io
+    resource: resourceslices
+    kind: ResourceSlice
+    scope: Cluster
+    rule: NodeLocal
+    versions:
+      v1: {driver: spec.driver, node: spec.nodeName, pool: spec.pool.name%s}
+"""
+NODES = """\
+  - group: ""
+    resource: nodes
+    kind: Node
+    scope: %s
+    rule: OwnNode
+%s    versions:
+      v1: %s
+"""
+CLAIM = """\
+  - group: resource.k8s.io
+    resource: resourceclaims
+    kind: ResourceClaim
+    scope: Namespaced
+    rule: AllocatedToDriver
+    subresources: [status]
+    versions:
+      v1:
+        results: status.allocation.devices.results
+        resultDriver: driver
+        nodeSelector: status.allocation.nodeSelector
+        devices: status.devices
+        deviceDriver: driver
+        opaque: %s
+"""
+
+
+def slices(extra: str = "") -> str:
+    return HEAD + "kinds:\n" + SLICE % extra
+
+
+def nodes(scope: str = "Cluster", extra: str = "", version: str = "{}") -> str:
+    return HEAD + "kinds:\n" + SLICE % "" + NODES % (scope, extra, version)
+
+
+def test_the_default_policy_declares_immutable_ownership_per_version() -> None:
+    policy = load_policy(None)
+    slice_kind = policy.kind_for("resource.k8s.io", "resourceslices")
+    assert slice_kind is not None
+    for version in ("v1", "v1beta2", "v1beta1", "v1alpha3"):
+        spec = slice_kind.versions[version]
+        assert spec.immutable == {Field.DRIVER, Field.NODE, Field.POOL}, version
+        assert spec.owner_fields_immutable, version
+    # v1alpha2 (Kubernetes 1.30) had no pool; driverName and nodeName were immutable.
+    assert slice_kind.versions["v1alpha2"].owner_fields_immutable
+    pools = policy.kind_for("devmgmtproto.k8s.io", "devicepools")
+    assert pools is not None and not pools.versions["v1alpha1"].owner_fields_immutable
+
+
+def test_immutable_must_cover_every_located_field_to_count() -> None:
+    policy = parse_policy(slices(", immutable: [driver, node]"))
+    spec = policy.kinds[("resource.k8s.io", "resourceslices")].versions["v1"]
+    assert spec.immutable == {Field.DRIVER, Field.NODE}
+    assert not spec.owner_fields_immutable, "the pool can still change: not enough"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (slices(", immutable: [driver, name]"), "kinds[0].versions.v1.immutable[1]: 'name' is not"),
+        (slices(", immutable: driver"), "kinds[0].versions.v1.immutable: must be a list"),
+        (
+            HEAD + "kinds:\n" + SLICE.replace(", pool: spec.pool.name", "") % ", immutable: [pool]",
+            "kinds[0].versions.v1.immutable: names pool, which has no path here",
+        ),
+        (nodes(scope="Namespaced"), "kinds[1].scope: rule OwnNode names a cluster-scoped object"),
+        (nodes(extra="    verbs: [get, list]\n"), "kinds[1].verbs: rule OwnNode allows only get"),
+        (
+            nodes(extra="    subresources: [status]\n"),
+            "kinds[1].subresources: rule OwnNode allows no subresources",
+        ),
+        (nodes(extra="    fill: [node]\n"), "kinds[1].fill: is not used by rule OwnNode"),
+        (nodes(version="{driver: spec.driver}"), "kinds[1].versions.v1.driver: unknown key"),
+        (HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]', "versions.v1.opaque[0]: bad"),
+        (HEAD + "kinds:\n" + CLAIM % "status.devices.data", "versions.v1.opaque: must be a list"),
+    ],
+    ids=[
+        "immutable-unknown-field",
+        "immutable-not-a-list",
+        "immutable-unlocated",
+        "own-node-namespaced",
+        "own-node-list",
+        "own-node-subresource",
+        "own-node-fill",
+        "own-node-paths",
+        "opaque-bad-path",
+        "opaque-not-a-list",
+    ],
+)
+def test_bad_policy_data_is_refused_at_load(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_policy(text, "p.yaml")
+    assert message in str(raised.value), str(raised.value)
+
+
+def test_opaque_paths_load() -> None:
+    policy = parse_policy(HEAD + "kinds:\n" + CLAIM % "[status.devices.data]")
+    allocation = policy.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation
+    assert allocation is not None and allocation.opaque == (("status", "devices", "data"),)
+
+
+def test_the_core_group_opens_no_discovery_path() -> None:
+    policy = parse_policy(nodes())
+    assert policy.kinds[("", "nodes")].rule is KindRule.OWN_NODE
+    assert policy.groups == {"resource.k8s.io"}
+
+
+GPU = Identity(driver="gpu.example.com", transport="unix")
+ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU.driver})), "node-a")
+
+# (id, method, target, allowed, code, part of the message)
+NODE_REQUESTS: list[tuple[str, str, str, bool, int, str]] = [
+    ("own-node", "GET", "/api/v1/nodes/node-a", True, 0, ""),
+    ("own-node-head", "HEAD", "/api/v1/nodes/node-a", True, 0, ""),
+    ("other-node", "GET", "/api/v1/nodes/node-b", False, 403, 'own Node "node-a"'),
+    ("list", "GET", "/api/v1/nodes", False, 403, "verb list is not allowed"),
+    ("list-own-name", "GET", "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-a", False, 403, ""),
+    ("watch", "GET", "/api/v1/nodes?watch=true", False, 403, "verb watch is not allowed"),
+    ("status", "GET", "/api/v1/nodes/node-a/status", False, 403, 'subresource "status"'),
+    ("proxy", "GET", "/api/v1/nodes/node-a/proxy", False, 403, 'subresource "proxy"'),
+    ("update", "PUT", "/api/v1/nodes/node-a", False, 403, "verb update is not allowed"),
+    ("patch", "PATCH", "/api/v1/nodes/node-a", False, 403, "verb patch is not allowed"),
+    ("delete", "DELETE", "/api/v1/nodes/node-a", False, 403, "verb delete is not allowed"),
+    ("create", "POST", "/api/v1/nodes", False, 403, "verb create is not allowed"),
+    ("other-version", "GET", "/api/v1beta1/nodes/node-a", False, 403, "not in the policy"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "allowed", "code", "message"),
+    [c[1:] for c in NODE_REQUESTS],
+    ids=[c[0] for c in NODE_REQUESTS],
+)
+def test_a_driver_reads_only_its_own_node(
+    method: str, target: str, allowed: bool, code: int, message: str
+) -> None:
+    info = parse_request(method, target)
+    body: Any = {} if method in ("PUT", "PATCH", "POST") else None
+    decision = decide_offline(ENGINE, GPU, info, body, None)
+    assert decision.allowed is allowed, decision.message
+    if allowed:
+        assert decision.target == info and decision.filter is None
+        assert planned_fetch(ENGINE, GPU, info) is None, (
+            "nothing to fetch for the node's own object"
+        )
+    else:
+        assert decision.code == code and message in decision.message, decision.message
