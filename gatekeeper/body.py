@@ -1,7 +1,9 @@
-"""Request bodies: JSON only, bounded, with no duplicate or case-colliding keys (DESIGN §4.4)."""
+"""Request bodies: JSON only, bounded in size and depth, finite numbers, no duplicate or
+case-colliding keys (DESIGN §4.4); apply-patch YAML read by :mod:`gatekeeper.yamlbody`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,8 +11,19 @@ from typing import Any
 import yaml
 
 from gatekeeper.errors import Refusal
+from gatekeeper.jsonbounds import MAX_BODY_DEPTH, finite_float, within_depth
+from gatekeeper.yamlbody import YAMLBodyError, load_json_yaml
 
-__all__ = ["APPLY_YAML", "JSON", "MAX_BODY_BYTES", "decode_body", "decode_json", "read_limited"]
+__all__ = [
+    "APPLY_YAML",
+    "BODY_TIMEOUT",
+    "JSON",
+    "MAX_BODY_BYTES",
+    "MAX_BODY_DEPTH",
+    "decode_body",
+    "decode_json",
+    "read_limited",
+]
 
 JSON = "application/json"
 APPLY_YAML = "application/apply-patch+yaml"
@@ -24,19 +37,34 @@ _JSON_TYPES = frozenset(
 )
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+BODY_TIMEOUT = 30.0
+"""Seconds to receive a whole request body (``Limits.body_timeout``)."""
 
 
-async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
-    """Read a body chunk by chunk; 413 as soon as it passes ``limit`` (never buffered past it)."""
+async def read_limited(
+    chunks: AsyncIterator[bytes],
+    limit: int = MAX_BODY_BYTES,
+    timeout: float | None = BODY_TIMEOUT,
+) -> bytes:
+    """Read a body chunk by chunk; 413 as soon as it passes ``limit`` (never buffered past it),
+    408 when it has not all arrived within ``timeout`` seconds (a slow sender holds nothing)."""
     buffer = bytearray()
-    async for chunk in chunks:
-        buffer += chunk
-        if len(buffer) > limit:
-            raise Refusal(
-                413,
-                f"request body is larger than {limit} bytes",
-                f"Request entity too large: limit is {limit}",
-            )
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in chunks:
+                buffer += chunk
+                if len(buffer) > limit:
+                    raise Refusal(
+                        413,
+                        f"request body is larger than {limit} bytes",
+                        f"Request entity too large: limit is {limit}",
+                    )
+    except TimeoutError:
+        raise Refusal(
+            408,
+            "request body not received in time",
+            f"the request body did not arrive within {timeout:g} seconds",
+        ) from None
     return bytes(buffer)
 
 
@@ -69,26 +97,49 @@ def _decode_yaml(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise Refusal(400, "request body is not UTF-8") from exc
     try:
-        decoded = yaml.load(text, Loader=_UniqueKeyLoader)
-    except _AmbiguousKey as exc:
+        return load_json_yaml(text, _unique_object)
+    except (_AmbiguousKey, YAMLBodyError) as exc:
         raise Refusal(400, str(exc)) from exc
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:
+        # ValueError: a scalar the resolver typed but cannot convert (an int of 5,000 digits).
         raise Refusal(400, f"request body is not valid YAML: {' '.join(str(exc).split())}") from exc
-    return decoded
 
 
 def decode_json(raw: bytes) -> Any:
-    """Parse a JSON body, refusing (400) what two parsers could read differently."""
+    """Parse a JSON body, refusing (400) what two parsers could read differently, numbers that
+    are not finite doubles, and nesting deeper than :data:`MAX_BODY_DEPTH`."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Refusal(400, "request body is not UTF-8") from exc
     try:
-        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
+        value = json.loads(
+            text,
+            object_pairs_hook=_unique_object,
+            parse_constant=_no_constant,
+            parse_float=finite_float,
+        )
+    except RecursionError:
+        # The C decoder recurses per level: past ~1,000 levels, the body is far too deep anyway.
+        raise _too_deep() from None
     except _AmbiguousKey as exc:
         raise Refusal(400, str(exc)) from exc
     except ValueError as exc:
         raise Refusal(400, f"request body is not valid JSON: {exc}") from exc
+    if not within_depth(value, MAX_BODY_DEPTH):
+        raise _too_deep()
+    return value
+
+
+def _too_deep() -> Refusal:
+    # SECURITY: README "Bounded parsing" — the apiserver accepts 10,000 levels; the gatekeeper
+    # decides on, copies and compares bodies, and a driver has no use for more than this.
+    return Refusal(
+        400,
+        f"request body is nested more than {MAX_BODY_DEPTH} levels deep",
+        f"request body is nested more than {MAX_BODY_DEPTH} levels deep: the gatekeeper accepts "
+        f"at most {MAX_BODY_DEPTH}",
+    )
 
 
 class _AmbiguousKey(ValueError):
@@ -110,21 +161,3 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """Safe YAML whose mappings follow the same no-duplicate, no-case-collision rule."""
-
-
-def _yaml_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    loader.flatten_mapping(node)
-    pairs = [
-        (loader.construct_object(k, deep=True), loader.construct_object(v, deep=True))
-        for k, v in node.value
-    ]
-    if not all(isinstance(key, str) for key, _ in pairs):
-        raise _AmbiguousKey("request body has a mapping key that is not a string")
-    return _unique_object(pairs)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _yaml_mapping)

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
+from gatekeeper.limits import add_limit_arguments, limits_from_flags
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -76,6 +77,13 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     add("--upstream", metavar="URL", help="override the API server URL from the kubeconfig")
     add("--socket-dir", metavar="DIR", help="listen on DIR/<driver>/api.sock for each driver")
+    add(
+        "--socket-group",
+        metavar="GROUP",
+        help="group (name or gid) owning the driver sockets (0660) and directories (0750), "
+        "so a non-root driver in that group can connect",
+    )
+    add_limit_arguments(serve)
     add(
         "--listen",
         metavar="HOST:PORT",
@@ -196,6 +204,8 @@ def _serve(ns: argparse.Namespace) -> int:
         health_listen=ns.health_listen,
         shutdown_grace=ns.shutdown_grace_period,
         cert_expiry_warning_days=ns.cert_expiry_warning,
+        socket_group=ns.socket_group,
+        limits=limits_from_flags(ns),
         environ=os.environ,
     )
     server = GatekeeperServer(config)

@@ -16,6 +16,8 @@ from pathlib import Path
 from gatekeeper.audit import AuditLevel
 from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context, resolve_upstream
+from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
+from gatekeeper.listeners import resolve_group
 from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER
@@ -75,6 +77,10 @@ class ServeConfig:
     """Seconds ``/readyz`` reuses the upstream's last answer."""
     cert_expiry_warning: float = 30 * _DAY
     """Warn (log and metric) when a certificate expires within this many seconds."""
+    socket_group: int | None = None
+    """``--socket-group``: the gid owning driver sockets and directories."""
+    limits: Limits = DEFAULT_LIMITS
+    """Per-driver budgets, connection caps and timeouts (README, "Limits")."""
     tokens: TokenSource = field(init=False)
     upstream_ssl: ssl.SSLContext | None = field(init=False)
 
@@ -111,6 +117,8 @@ def build_serve_config(
     health_listen: str | None,
     shutdown_grace: float = 30.0,
     cert_expiry_warning_days: float = 30.0,
+    socket_group: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
     environ: Mapping[str, str] = os.environ,
 ) -> ServeConfig:
     """Check everything ``serve`` was given; ConfigError (exit 2) on the first problem."""
@@ -160,6 +168,8 @@ def build_serve_config(
         ),
         shutdown_grace=shutdown_grace,
         cert_expiry_warning=cert_expiry_warning_days * _DAY,
+        socket_group=resolve_group(socket_group),
+        limits=fit_to_descriptors(limits.check()),
     )
 
 

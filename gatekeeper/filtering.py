@@ -10,15 +10,22 @@ them (DESIGN §4.3). The engine's Decision carries the pure predicate; this modu
 
 The upstream is always asked for plain JSON: a ``Table`` or ``PartialObjectMetadata`` lacks
 what the scope needs, so it is never passed on unfiltered.
+
+An object the gatekeeper cannot evaluate (nested deeper than
+:data:`~gatekeeper.jsonbounds.MAX_OBJECT_DEPTH`, or a shape the scope cannot read) is dropped:
+fail closed for that object alone, counted in :data:`DROPPED`, logged, and listed on the
+request's audit event; the rest of the list or watch goes on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gatekeeper.errors import UpstreamError
+from gatekeeper.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
 from gatekeeper.policy.claims import OUT_OF_SCOPE
 from gatekeeper.policy.decision import Decision, not_found
 from gatekeeper.requestinfo import RequestInfo
@@ -27,6 +34,8 @@ from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, read_json_object
 
 __all__ = [
+    "DROPPED",
+    "DROPPED_ANNOTATION",
     "MAX_FILTERED_BODY",
     "MAX_WATCH_LINE",
     "PLAIN_JSON",
@@ -41,6 +50,24 @@ MAX_FILTERED_BODY = 64 * 1024 * 1024
 MAX_WATCH_LINE = 8 * 1024 * 1024
 """One watch event (one line) at most; an object is at most ~1.5 MiB in etcd."""
 
+DROPPED_ANNOTATION = "dra-gatekeeper.io/dropped-unevaluable"
+"""Audit annotation: objects left out of this answer because they could not be evaluated."""
+
+log = logging.getLogger("gatekeeper.filtering")
+
+
+class _Counter:
+    """A process-wide count (exported by the metrics endpoint)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+DROPPED = _Counter()
+"""Objects dropped from filtered answers because the gatekeeper could not evaluate them."""
+
 _Keep = Callable[[KubeObject], bool]
 _Key = tuple[str, str]
 _PASSED = frozenset({"BOOKMARK", "ERROR"})
@@ -54,6 +81,36 @@ class WatchFilter:
         self.keep = keep
         self.shown: set[_Key] = shown or set()
         """(namespace, name) of every object the client holds as in scope."""
+        self.dropped: list[str] = []
+        """``namespace/name`` of the objects dropped as unevaluable (for the audit event)."""
+
+    def inside(self, obj: Any) -> bool:
+        """Whether ``obj`` is in scope; an object that cannot be evaluated is not (counted)."""
+        try:
+            kept = self.keep(obj)
+        except (RecursionError, TypeError, ValueError, AttributeError, KeyError):
+            kept = True  # a shape the scope cannot read: not shown, and reported as such
+            evaluable = False
+        else:
+            evaluable = not kept or within_depth(obj, MAX_OBJECT_DEPTH)
+        if evaluable:
+            return kept
+        namespace, name = _key(obj) if isinstance(obj, dict) else ("", "")
+        self.dropped.append(f"{namespace}/{name}" if namespace else name)
+        DROPPED.value += 1
+        log.warning(
+            "dropped an object the gatekeeper cannot evaluate namespace=%s name=%s "
+            "reason=nested deeper than %d levels or unreadable",
+            namespace,
+            name,
+            MAX_OBJECT_DEPTH,
+        )
+        return False
+
+    def annotation(self) -> str:
+        """The audit annotation value: how many objects were dropped, and the first few."""
+        shown = ", ".join(self.dropped[:5]) + (", ..." if len(self.dropped) > 5 else "")
+        return f"{len(self.dropped)}: {shown}"
 
     def event(self, event: Any) -> Any | None:
         """The event to send for upstream ``event`` (maybe retyped), or None to drop it."""
@@ -65,7 +122,7 @@ class WatchFilter:
         if kind not in ("ADDED", "MODIFIED", "DELETED") or not isinstance(obj, dict):
             return None  # fail closed on anything this filter does not understand
         key = _key(obj)
-        inside = self.keep(obj)
+        inside = self.inside(obj)
         was_shown = key in self.shown
         if kind == "DELETED":
             self.shown.discard(key)
@@ -94,11 +151,12 @@ async def scoped_chunks(
     """
     if info.method == "HEAD":
         return _chunks([])
+    state = state or WatchFilter(keep)
     if info.verb == "watch":
-        return _watch(body, state or WatchFilter(keep))
+        return _watch(body, state)
     document = await _read_json(body, "response")
     if info.verb == "get":
-        if not keep(document):
+        if not state.inside(document):
             qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
             return not_found(info, qualified, OUT_OF_SCOPE)
         return _chunks([_dump(document)])
@@ -106,7 +164,7 @@ async def scoped_chunks(
     if not isinstance(items, list):
         # A Table or any other shape: never passed on unfiltered.
         raise UpstreamError(502, f"upstream answered a {document.get('kind')!r}, not a list")
-    document["items"] = [item for item in items if keep(item)]
+    document["items"] = [item for item in items if state.inside(item)]
     if isinstance(document.get("metadata"), dict):
         document["metadata"].pop("remainingItemCount", None)
     return _chunks([_dump(document)])
@@ -131,16 +189,18 @@ async def prime_watch(upstream: Upstream, info: RequestInfo, keep: _Keep) -> Wat
             return WatchFilter(keep)  # the watch itself will answer (410 Expired, most likely)
         document = await _read_json(answer.chunks(), "list")
     items = document.get("items")
-    if not isinstance(items, list):
-        return WatchFilter(keep)
-    return WatchFilter(keep, {_key(item) for item in items if keep(item)})
+    state = WatchFilter(keep)
+    if isinstance(items, list):
+        state.shown = {_key(item) for item in items if state.inside(item)}
+        state.dropped.clear()  # reported by the list that showed them, not again here
+    return state
 
 
 async def _watch(body: AsyncIterator[bytes], state: WatchFilter) -> AsyncIterator[bytes]:
     try:
         async for line in _lines(body, MAX_WATCH_LINE):
             try:
-                event = json.loads(line)
+                event = parse_bounded(line, limit=MAX_OBJECT_DEPTH)
             except ValueError:
                 yield _error_event("the gatekeeper could not read an upstream watch event")
                 return
@@ -177,11 +237,13 @@ async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[byte
 
 
 async def _read_json(body: AsyncIterator[bytes], what: str) -> KubeObject:
+    # Parsed at any depth: an object too deep to evaluate is dropped on its own (inside()).
     return await read_json_object(
         body,
         f"filtered {what}",
         limit=MAX_FILTERED_BODY,
         too_large=", the most the gatekeeper filters in memory: list in pages (limit=)",
+        max_depth=None,
     )
 
 

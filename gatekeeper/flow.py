@@ -65,6 +65,8 @@ class Flow:
     upstream_audit_id: str = ""
     client_audit_id: str = ""
     """The driver's own ``Audit-ID``, sanitized: recorded as a hint, never used as the ID."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Extra audit annotations set along the way (e.g. objects dropped as unevaluable)."""
 
     @property
     def long_running(self) -> bool:

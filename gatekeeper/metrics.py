@@ -226,6 +226,11 @@ class MeteredSink:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    @property
+    def writable(self) -> bool:
+        """Whether the wrapped sink can write (a sink without the notion always can)."""
+        return bool(getattr(self.inner, "writable", True))
+
 
 class _AuditCollector(Collector):
     def __init__(self, writer: Any) -> None:

@@ -24,9 +24,16 @@ from gatekeeper.audit import (
     logs_bodies,
 )
 from gatekeeper.audit.capture import ResponseCapture
+from gatekeeper.audit.event import ERROR_ANNOTATION
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.filtering import PLAIN_JSON, WatchFilter, prime_watch, scoped_chunks
+from gatekeeper.filtering import (
+    DROPPED_ANNOTATION,
+    PLAIN_JSON,
+    WatchFilter,
+    prime_watch,
+    scoped_chunks,
+)
 from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import (
     accepts_plain_json,
@@ -35,6 +42,7 @@ from gatekeeper.headers import (
     screen_request,
 )
 from gatekeeper.identity import identify
+from gatekeeper.limits import DriverBudgets
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
@@ -60,6 +68,8 @@ class Gatekeeper:
     audit: AuditSink
     audit_level: AuditLevel = AuditLevel.METADATA
     socket_drivers: dict[str, str] = field(default_factory=dict)
+    budgets: DriverBudgets = field(default_factory=DriverBudgets)
+    """Per-driver in-flight and watch budgets (and the limits they come from)."""
 
     @property
     def node_name(self) -> str:
@@ -70,10 +80,19 @@ GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 
 
 def build_app(gatekeeper: Gatekeeper) -> web.Application:
-    app = web.Application(client_max_size=0)
+    app = web.Application(client_max_size=0, middlewares=[_any_target])
     app[GATEKEEPER] = gatekeeper
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
+
+
+@web.middleware
+async def _any_target(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Targets the router cannot match (``CONNECT host:443``, ``OPTIONS *``) still go through
+    the pipeline, which refuses them with a Status and an audit event (not aiohttp's 404)."""
+    if not request.raw_path.startswith("/"):
+        return await handle(request)
+    return await handler(request)  # type: ignore[no-any-return]
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -91,11 +110,24 @@ async def handle(request: web.Request) -> web.StreamResponse:
         flow.identity = identify(request.transport, gk.socket_drivers)
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
-        flow.media_type, flow.body = await read_body(request, flow.info)
-        flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
-        if flow.decision.forwards:
-            return await forward(request, flow, gk)
-        return _answer(flow, flow.decision)
+        if not getattr(gk.audit, "writable", True):
+            # SECURITY: README "Faults" — fail closed: nothing is served that is not audited.
+            raise Refusal(
+                503,
+                "the audit log cannot be written",
+                "the gatekeeper cannot write its audit log (disk full or I/O error): requests "
+                "are refused until it can, rather than served unaudited",
+                retry_after=5,
+            )
+        # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
+        # cannot take the place (upstream connections, memory) of another driver's: 429.
+        with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
+            timeout = gk.budgets.limits.body_timeout
+            flow.media_type, flow.body = await read_body(request, flow.info, timeout)
+            flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
+            if flow.decision.forwards:
+                return await forward(request, flow, gk)
+            return _answer(flow, flow.decision)
     except Refusal as refusal:
         # Refused before the engine (identity, headers, path, body): the one verdict is this.
         flow.decision = Decision(
@@ -118,9 +150,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
         failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
         return _answer(flow, failed)
     except Exception as exc:
-        # A fault of the gatekeeper's own: the event carries the true code (aiohttp answers 500).
-        flow.finish(500, f"internal error: {type(exc).__name__}")
-        raise
+        # A fault of the gatekeeper's own: a Status 500 with the Audit-Id, the traceback in the
+        # log, and the event with the decision reached so far (fail closed: nothing forwarded
+        # after this point).
+        log.exception("internal error audit_id=%s", flow.audit_id)
+        return _internal_error(flow, exc)
     finally:
         if flow.completed is None:
             # Cancelled: the driver went away (or the server is stopping) mid-request.
@@ -142,12 +176,15 @@ async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:
     return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
 
 
-async def read_body(request: web.Request, info: RequestInfo) -> tuple[str, Any]:
-    """The media type and decoded body of a writing verb (None when absent); 415/413/400."""
+async def read_body(
+    request: web.Request, info: RequestInfo, timeout: float | None = None
+) -> tuple[str, Any]:
+    """The media type and decoded body of a writing verb (None when absent); 415/413/408/400."""
     media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if not info.is_resource_request or info.verb not in _BODY_VERBS:
         return media_type, None
-    raw = await read_limited(request.content.iter_chunked(64 * 1024))
+    chunks = request.content.iter_chunked(64 * 1024)
+    raw = await (read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout))
     if not raw:
         return media_type, None
     media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
@@ -205,6 +242,19 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             raise
         flow.finish(499, "client disconnected")
         return response
+    except Exception as exc:
+        if response is None or not response.prepared:
+            raise
+        # A fault of our own mid-stream: no Status can follow the status line; break it.
+        log.exception("internal error mid-response audit_id=%s", flow.audit_id)
+        flow.annotations[ERROR_ANNOTATION] = f"internal error: {type(exc).__name__}"
+        flow.finish(500, f"internal error: {type(exc).__name__}")
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    finally:
+        if watch_state is not None and watch_state.dropped:
+            flow.annotations[DROPPED_ANNOTATION] = watch_state.annotation()
     flow.finish(answer.status)
     return response
 
@@ -219,7 +269,7 @@ async def _prepare_filter(
     # a Table or metadata-only answer cannot be, so it is never asked for.
     headers["Accept"] = PLAIN_JSON
     if not flow.long_running:
-        return None
+        return WatchFilter(decision.filter)  # counts what a get or list drops
     return await prime_watch(upstream, decision.target, decision.filter)
 
 
@@ -270,6 +320,18 @@ def _answer(flow: Flow, answer: Decision) -> web.Response:
     flow.response_object = body
     flow.finish(answer.code, answer.message)
     return web.json_response(body, status=answer.code, headers=headers)
+
+
+def _internal_error(flow: Flow, exc: Exception) -> web.Response:
+    message = (
+        f"internal error in the gatekeeper ({type(exc).__name__}); nothing more was sent "
+        f"upstream; see its log for audit ID {flow.audit_id}"
+    )
+    flow.annotations[ERROR_ANNOTATION] = f"internal error: {type(exc).__name__}"
+    body = status_body(500, message)
+    flow.response_object = body
+    flow.finish(500, f"internal error: {type(exc).__name__}")
+    return web.json_response(body, status=500, headers={"Audit-Id": flow.audit_id})
 
 
 def _message_of(payload: bytes) -> str:

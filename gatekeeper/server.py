@@ -9,9 +9,7 @@ remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
@@ -23,11 +21,14 @@ from aiohttp import web
 from gatekeeper import __version__
 from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.config import AuditSettings, ServeConfig
+from gatekeeper.connections import GuardedRunner, IsolationCollector
 from gatekeeper.drain import InFlight
 from gatekeeper.errors import ConfigError, Refusal
 from gatekeeper.expiry import CertificateExpiry
 from gatekeeper.health import Readiness, build_health_app, upstream_probe
 from gatekeeper.identity import identify
+from gatekeeper.limits import DriverBudgets
+from gatekeeper.listeners import SOCKET_NAME, DriverSocket, SocketListeners
 from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
@@ -48,7 +49,6 @@ __all__ = [
 
 log = logging.getLogger("gatekeeper.server")
 
-SOCKET_NAME = "api.sock"
 # Many drivers reconnecting at once (a node reboot) overflow the default backlog of 128.
 _BACKLOG = 1024
 
@@ -82,54 +82,43 @@ def _address(name: object) -> str:
     return f"{host}:{name[1]}"
 
 
-def bind_listeners(config: ServeConfig, drivers: list[str]) -> list[Listener]:
+def bind_listeners(
+    config: ServeConfig, drivers: list[str], sockets: SocketListeners | None = None
+) -> list[Listener]:
     """Bind every socket ``config`` asks for, or none: ConfigError naming the flag.
 
     Binding is the last check before listening (a port in use, a socket directory that cannot
-    hold sockets); nothing accepts a connection until every socket is bound.
+    hold sockets or is in use by another instance); nothing accepts a connection until every
+    socket is bound. A driver whose socket path cannot be used is skipped, logged
+    (:mod:`gatekeeper.listeners`): it costs only that driver its listener.
     """
     bound: list[Listener] = []
     try:
         if config.socket_dir is not None:
-            for driver in drivers:
-                bound.append(_unix_listener(config.socket_dir, driver))
+            assert sockets is not None, "a socket directory needs its SocketListeners"
+            sockets.acquire()
+            for driver_socket in sockets.bind(drivers):
+                bound.append(_unix_listener(driver_socket.driver, driver_socket))
         if config.listen is not None:
             bound.append(Listener("mtls", _bind_tcp(*config.listen, "--listen")))
         if config.health_listen is not None:
             bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
     except BaseException:
-        close_listeners(bound)
+        close_listeners(bound, sockets)
         raise
     return bound
 
 
-def close_listeners(listeners: list[Listener]) -> None:
-    """Close bound sockets and remove the Unix socket files."""
+def close_listeners(listeners: list[Listener], sockets: SocketListeners | None = None) -> None:
+    """Close bound sockets; the Unix socket files go with ``sockets`` (only those still ours)."""
     for listener in listeners:
-        if listener.role == "unix" and listener.path:
-            with contextlib.suppress(OSError):
-                os.unlink(listener.path)
         listener.sock.close()
+    if sockets is not None:
+        sockets.close()
 
 
-def _unix_listener(socket_dir: Path, driver: str) -> Listener:
-    return Listener(
-        "unix", _bind_unix(socket_dir, driver), driver, str(socket_path(socket_dir, driver))
-    )
-
-
-def _bind_unix(socket_dir: Path, driver: str) -> socket.socket:
-    path = socket_path(socket_dir, driver)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        sock.bind(str(path))
-        os.chmod(path, 0o660)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"--socket-dir {socket_dir}: cannot create {path}: {_why(exc)}") from None
-    return sock
+def _unix_listener(driver: str, bound: DriverSocket) -> Listener:
+    return Listener("unix", bound.sock, driver, bound.path)
 
 
 def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
@@ -189,12 +178,14 @@ class GatekeeperServer:
             tokens=config.tokens,
             ssl_context=config.upstream_ssl,
             trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
+            limits=config.limits,
         )
         self.gatekeeper = Gatekeeper(
             engine=Engine(config.policy, config.node_name, node_labels=dict(config.node_labels)),
             upstream=self.upstream,
             audit=self.audit,
             audit_level=config.audit.level,
+            budgets=DriverBudgets(config.limits),
         )
         self.readiness = Readiness(
             upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
@@ -205,6 +196,11 @@ class GatekeeperServer:
             config.listen_tls.on_handshake_failure = self._handshake_failed
         self._runners: list[web.AppRunner] = []
         self._listeners: list[Listener] = []
+        self._sockets = (
+            SocketListeners(config.socket_dir, group=config.socket_group)
+            if config.socket_dir is not None
+            else None
+        )
         self.tls_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
@@ -217,17 +213,22 @@ class GatekeeperServer:
     async def start(self) -> None:
         """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
         drivers = sorted(self.engine.policy.drivers)
-        self._listeners = bind_listeners(self.config, drivers)
+        self._listeners = bind_listeners(self.config, drivers, self._sockets)
         await self.upstream.start()
         app = build_app(self.gatekeeper)
         app.middlewares.append(self.in_flight.middleware)
         app.middlewares.append(self.metrics.middleware(self._driver_of))
         # In-flight requests are drained before the runner shuts down (InFlight.drain).
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        runner = GuardedRunner(
+            app,
+            self.config.limits,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
         )
         await runner.setup()
         self._runners.append(runner)
+        self.metrics.registry.register(IsolationCollector(runner.guard))
         health_runner: web.AppRunner | None = None
         for listener in self._listeners:
             if listener.role == "health":
@@ -287,7 +288,7 @@ class GatekeeperServer:
         await self.in_flight.drain(self.config.shutdown_grace, self.upstream_watches.end_all)
         await self._cleanup_runners()
         await self.upstream.close()
-        close_listeners(self._listeners)
+        close_listeners(self._listeners, self._sockets)
         self._listeners = []
         await self.audit.aclose()
 
@@ -312,17 +313,12 @@ class GatekeeperServer:
 
     async def add_driver_sockets(self, drivers: list[str]) -> None:
         """Listen for drivers a reloaded policy added (socket listener only)."""
-        if self.config.socket_dir is None or not self._runners:
+        if self._sockets is None or not self._runners:
             return
-        for driver in drivers:
-            try:
-                listener = _unix_listener(self.config.socket_dir, driver)
-            except ConfigError as exc:
-                log.error("cannot listen for added driver=%s: %s", driver, exc)
-                continue
+        for bound in self._sockets.bind(drivers):  # a path it cannot use is logged, skipped
+            listener = _unix_listener(bound.driver, bound)
             self._listeners.append(listener)
             await self._listen(self._runners[0], listener)
-            log.info("listening driver=%s socket=%s", driver, listener.path)
 
     async def remove_driver_sockets(self, drivers: list[str]) -> None:
         """Stop listening for drivers a reloaded policy removed."""
@@ -330,17 +326,22 @@ class GatekeeperServer:
         for path, driver in list(self.gatekeeper.socket_drivers.items()):
             if driver in gone:
                 del self.gatekeeper.socket_drivers[path]
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
                 log.info("closed driver=%s socket=%s", driver, path)
         runner = self._runners[0] if self._runners else None
-        if runner is None:
-            return
-        for site in list(runner.sites):
-            if isinstance(site, web.SockSite) and site.name.endswith(
-                tuple(f"/{d}/{SOCKET_NAME}:" for d in gone)
-            ):
-                await site.stop()
+        if runner is not None:
+            for site in list(runner.sites):
+                if isinstance(site, web.SockSite) and site.name.endswith(
+                    tuple(f"/{d}/{SOCKET_NAME}:" for d in gone)
+                ):
+                    await site.stop()
+        self._listeners = [
+            listener
+            for listener in self._listeners
+            if not (listener.role == "unix" and listener.driver in gone)
+        ]
+        if self._sockets is not None:
+            for driver in gone:
+                self._sockets.release(driver)  # only the file that is still ours
 
 
 async def run_until_signal(

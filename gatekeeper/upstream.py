@@ -9,6 +9,7 @@ being written) stays what it is.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
@@ -18,7 +19,9 @@ from typing import Any, Protocol
 import aiohttp
 
 from gatekeeper.errors import UpstreamError
+from gatekeeper.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
 from gatekeeper.kubeconfig import TokenSource, UpstreamConfig, build_ssl_context
+from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -33,8 +36,6 @@ MAX_OBJECT_BYTES = 16 * 1024 * 1024
 """The most the gatekeeper reads of one object it fetches (etcd stores at most 1.5 MiB)."""
 
 _JSON = "application/json"
-_REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
-_WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
 
 
 class UpstreamResponse:
@@ -119,36 +120,50 @@ class UpstreamSession:
         self,
         config: UpstreamConfig,
         *,
-        max_connections: int = 100,
         tokens: TokenSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.config = config
         self._tokens = tokens if tokens is not None else TokenSource(config)
         self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
         self._trace_configs = list(trace_configs)
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self.limits = limits
+        # SECURITY: README "Limits" — three pools, so that drivers' watches (which hold a
+        # connection for as long as they last) never make the gatekeeper's own reads, or other
+        # drivers' requests, wait: "own" (fetches, previews), "requests", "watches".
+        self.pools = {
+            "own": _Pool("the gatekeeper's own reads", limits.upstream_own),
+            "requests": _Pool("drivers' requests", limits.upstream_requests),
+            "watches": _Pool("drivers' watches", limits.upstream_watches),
+        }
+        connect = limits.upstream_connect_timeout
+        self._timeouts = {
+            False: aiohttp.ClientTimeout(sock_connect=connect, sock_read=limits.upstream_timeout),
+            True: aiohttp.ClientTimeout(sock_connect=connect, sock_read=None),
+        }
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            ssl=self._ssl if self._ssl is not None else False,
-            limit=self._max_connections,
-            enable_cleanup_closed=True,
-        )
-        self._session = aiohttp.ClientSession(
-            base_url=self.config.server,
-            connector=connector,
-            auto_decompress=True,
-            skip_auto_headers=("Accept-Encoding",),
-            trace_configs=self._trace_configs or None,
-        )
+        for pool in self.pools.values():
+            connector = aiohttp.TCPConnector(
+                ssl=self._ssl if self._ssl is not None else False,
+                limit=pool.size,
+                enable_cleanup_closed=True,
+            )
+            pool.session = aiohttp.ClientSession(
+                base_url=self.config.server,
+                connector=connector,
+                auto_decompress=True,
+                skip_auto_headers=("Accept-Encoding",),
+                trace_configs=self._trace_configs or None,
+            )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for pool in self.pools.values():
+            if pool.session is not None:
+                await pool.session.close()
+                pool.session = None
 
     async def fetch(self, path: str) -> KubeObject | None:
         status, obj = await self.request("GET", path)
@@ -170,12 +185,12 @@ class UpstreamSession:
         if body is not None:
             headers["Content-Type"] = media_type
             payload = json.dumps(body).encode()
-        async with self.stream(method, target, headers, payload, long_running=False) as response:
+        own = self.pools["own"]
+        async with self._open(own, method, target, headers, payload, False) as response:
             obj = await read_json_object(response.chunks(), target, limit=MAX_OBJECT_BYTES)
         return response.status, obj
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         method: str,
         target: str,
@@ -183,20 +198,49 @@ class UpstreamSession:
         body: bytes | None,
         *,
         long_running: bool,
+    ) -> AbstractAsyncContextManager[UpstreamResponse]:
+        pool = self.pools["watches" if long_running else "requests"]
+        return self._open(pool, method, target, headers, body, long_running)
+
+    @asynccontextmanager
+    async def _open(
+        self,
+        pool: _Pool,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        long_running: bool,
     ) -> AsyncIterator[UpstreamResponse]:
-        if self._session is None:
+        if pool.session is None:
             raise UpstreamError(503, "upstream session is not started")
         sent = dict(headers)
         if token := self._tokens.token():
             sent["Authorization"] = f"Bearer {token}"
+        async with (
+            pool.slot(self.limits.upstream_wait),
+            self._sent(pool.session, method, target, sent, body, long_running) as ok,
+        ):
+            yield ok
+
+    @asynccontextmanager
+    async def _sent(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        long_running: bool,
+    ) -> AsyncIterator[UpstreamResponse]:
         try:
-            response = await self._session.request(
+            response = await session.request(
                 method,
                 target,
-                headers=sent,
+                headers=headers,
                 data=body,
                 allow_redirects=False,
-                timeout=_WATCH_TIMEOUT if long_running else _REQUEST_TIMEOUT,
+                timeout=self._timeouts[long_running],
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _mapped(exc) from exc
@@ -212,12 +256,47 @@ class UpstreamSession:
             await response.wait_for_close()
 
 
+class _Pool:
+    """One upstream connection pool; waiting for a free connection is bounded (then 503)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.free = asyncio.Semaphore(size)
+        self.session: aiohttp.ClientSession | None = None
+
+    @asynccontextmanager
+    async def slot(self, wait: float) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(wait):
+                await self.free.acquire()
+        except TimeoutError:
+            raise UpstreamError(
+                503,
+                f"no upstream connection for {self.name} came free within {wait:g} seconds "
+                f"(all {self.size} in use); retry later",
+            ) from None
+        try:
+            yield
+        finally:
+            self.free.release()
+
+
 async def read_json_object(
-    chunks: AsyncIterable[bytes], what: str, *, limit: int, too_large: str = ""
+    chunks: AsyncIterable[bytes],
+    what: str,
+    *,
+    limit: int,
+    too_large: str = "",
+    max_depth: int | None = MAX_OBJECT_DEPTH,
 ) -> KubeObject:
     """An upstream JSON object read incrementally, never past ``limit`` bytes; else 502.
 
     ``too_large`` is appended to the message when the limit is hit (what the client can do).
+    Any depth is parsed without a crash; past ``max_depth`` the object is a 502 (the
+    gatekeeper does not evaluate what it cannot copy and compare). With ``max_depth`` None,
+    subtrees past :data:`MAX_OBJECT_DEPTH` come back as ``jsonbounds.TOO_DEEP`` and the caller
+    judges each object.
     """
     data = bytearray()
     async for chunk in chunks:
@@ -225,11 +304,17 @@ async def read_json_object(
         if len(data) > limit:
             raise UpstreamError(502, f"the upstream {what} exceeds {limit} bytes{too_large}")
     try:
-        obj = json.loads(data)
+        obj = parse_bounded(data, limit=MAX_OBJECT_DEPTH)
     except ValueError as exc:
         raise UpstreamError(502, f"upstream sent invalid JSON for {what}") from exc
     if not isinstance(obj, dict):
         raise UpstreamError(502, f"upstream sent a non-object for {what}")
+    if max_depth is not None and not within_depth(obj, max_depth):
+        raise UpstreamError(
+            502,
+            f"the upstream object for {what} is nested more than {max_depth} levels deep: "
+            "the gatekeeper does not evaluate it",
+        )
     return obj
 
 

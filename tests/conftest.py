@@ -6,12 +6,15 @@ Tests marked ``kubectl`` are skipped when kubectl is not installed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.testing import APIServer, served_kinds
@@ -22,10 +25,28 @@ from gatekeeper.testing.harness import (
     NODE_TOKEN,
     PKI,
     Kubectl,
+    RecordingSink,
     Running,
     running_gatekeeper,
     write_kubeconfig,
 )
+
+# Property tests: "ci" is bounded to a few seconds; GATEKEEPER_HYPOTHESIS_PROFILE=long (or
+# pytest --hypothesis-profile=long) runs far more examples (README, "Property tests").
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("GATEKEEPER_HYPOTHESIS_PROFILE", "ci"))
+
+
+class MemorySink(RecordingSink):
+    """A :class:`RecordingSink` whose events can be looked up by audit ID."""
+
+    def by_id(self, audit_id: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["auditID"] == audit_id]
 
 
 def pytest_configure(config: pytest.Config) -> None:

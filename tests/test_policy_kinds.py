@@ -78,7 +78,7 @@ class Layout:
         return f"{self.collection}?fieldSelector={quote(selector, safe='')}"
 
     def obj(
-        self, name: str, driver: str = GPU, node: str = NODE, pool: str | None = "node-a-pool"
+        self, name: str, driver: str = GPU, node: str = NODE, pool: str | None = "node-a/pool"
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "apiVersion": self.group_version,
@@ -160,7 +160,7 @@ async def send(
 async def check_full_enforcement(stack: Stack, layout: Layout) -> None:
     """Every NodeLocal rule, allowed and refused, for one kind and version."""
     pool = layout.pool is not None
-    name = "node-a-pool" if layout.pool == "metadata.name" else "own"
+    name = NODE if layout.pool == "metadata.name" else "own"
     async with stack.gatekeeper.unix_session(GPU) as gpu:
         code, created = await send(gpu, "POST", layout.collection, layout.obj(name))
         assert code == 201, created
@@ -235,10 +235,12 @@ async def test_a_kind_the_code_never_heard_of(custom: Stack) -> None:
 async def test_devicepools_in_the_default_policy(default: Stack) -> None:
     await check_full_enforcement(default, POOLS)
     generated = POOLS.obj("x")
+    # Strict pool names (issue 10): "node-a-<random>" may be another node's name, and a
+    # DevicePool's name is its pool, so the default policy names a pool after its node only.
     generated["metadata"] = {"generateName": "node-a-"}
     async with default.gatekeeper.unix_session(GPU) as gpu:
-        code, created = await send(gpu, "POST", POOLS.collection, generated)
-        assert code == 201 and created["metadata"]["name"].startswith("node-a-")
+        code, status = await send(gpu, "POST", POOLS.collection, generated)
+        assert code == 403 and 'must start with node name "node-a" followed by "/"' in str(status)
         generated["metadata"] = {"generateName": "gpus-"}
         code, status = await send(gpu, "POST", POOLS.collection, generated)
         assert code == 403 and 'generateName "gpus-" must start with node name' in status["message"]

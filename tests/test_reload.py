@@ -41,10 +41,9 @@ DEFAULT = Path(__file__).resolve().parent.parent / "gatekeeper" / "policies" / "
 def policy_text(*, slice_verbs: str | None = None) -> str:
     text = DEFAULT.read_text().replace("drivers: []", f"drivers: [{GPU}]")
     if slice_verbs is not None:
-        text = text.replace(
-            "    rule: NodeLocal\n    listSelector: Require\n    versions:\n      v1alpha2:",
-            f"    rule: NodeLocal\n    listSelector: Require\n    verbs: [{slice_verbs}]\n"
-            "    versions:\n      v1alpha2:",
+        text = text.replace(  # the first kind is ResourceSlice
+            "    rule: NodeLocal\n    listSelector: Require\n",
+            f"    rule: NodeLocal\n    listSelector: Require\n    verbs: [{slice_verbs}]\n",
             1,
         )
         assert f"verbs: [{slice_verbs}]" in text

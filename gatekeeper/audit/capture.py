@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from gatekeeper.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
 
 __all__ = ["MAX_CAPTURED_RESPONSE", "ResponseCapture"]
 
@@ -42,7 +43,8 @@ class ResponseCapture:
         if not self._enabled or not self._chunks:
             return None
         try:
-            value = json.loads(b"".join(self._chunks))
+            value = parse_bounded(b"".join(self._chunks), limit=MAX_OBJECT_DEPTH)
         except ValueError:
             return None
-        return value if isinstance(value, dict) else None
+        # Too deep to serialize safely into the log: the event keeps its metadata only.
+        return value if isinstance(value, dict) and within_depth(value, MAX_OBJECT_DEPTH) else None

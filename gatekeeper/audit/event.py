@@ -183,4 +183,5 @@ def _annotations(flow: Flow) -> dict[str, str]:
         annotations[CLIENT_AUDIT_ID_ANNOTATION] = flow.client_audit_id
     if flow.info is not None and flow.info.verb == "patch" and flow.body is not None:
         annotations[CONTENT_TYPE_ANNOTATION] = flow.media_type
+    annotations.update(flow.annotations)
     return annotations

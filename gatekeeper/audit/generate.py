@@ -28,6 +28,7 @@ from gatekeeper.policy import (
     VersionSpec,
 )
 from gatekeeper.policy.loader import ALLOCATION_KEYS
+from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import parse_field_selector
@@ -152,8 +153,26 @@ def _kind_doc(entry: _Seen, base: KindSpec | None) -> tuple[dict[str, Any] | Non
         doc["subresources"] = sorted(entry.subresources)
     if base and base.fill:
         doc["fill"] = sorted(f.value for f in base.fill)
+    if doc["rule"] == KindRule.NODE_LOCAL.value:
+        separators = base.pool_separators if base else _separators_seen(entry, versions)
+        if separators != STRICT_POOL_SEPARATORS:
+            doc["poolSeparators"] = list(separators)
     doc["versions"] = versions
     return doc, note
+
+
+def _separators_seen(entry: _Seen, versions: dict[str, Any]) -> tuple[str, ...]:
+    """The separators after the node name in the logged pool names ("/" always allowed)."""
+    seen = set(STRICT_POOL_SEPARATORS)
+    for version, doc in versions.items():
+        if "pool" not in doc:
+            continue
+        path = tuple(doc["pool"].split("."))
+        for obj, _, node in entry.objects.get(version, []):
+            value = get_field(obj, path)
+            if isinstance(value, str) and len(value) > len(node) and value.startswith(node):
+                seen.add(value[len(node)])
+    return tuple(sep for sep in POOL_SEPARATORS if sep in seen)
 
 
 def _scope(entry: _Seen) -> Scope:
@@ -187,7 +206,7 @@ def _inferred(objects: list[tuple[dict[str, Any], str, str]]) -> dict[str, Any] 
     pool = _common_path(
         objects,
         lambda value, drv, node: (
-            isinstance(value, str) and value != node and pool_name_ok(value, node)
+            isinstance(value, str) and value != node and pool_name_ok(value, node, POOL_SEPARATORS)
         ),
         prefer=("pool", "name"),
     )

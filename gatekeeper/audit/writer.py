@@ -148,6 +148,8 @@ class JsonLinesWriter:
         self._close_timeout = close_timeout
         self._deadline: float | None = None
         self._closed = False
+        self.failing = False
+        """Set while the file cannot be written (disk full, I/O error); cleared on success."""
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
         # A daemon thread dies with the interpreter; flush anything left if close() was missed.
@@ -156,6 +158,12 @@ class JsonLinesWriter:
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def writable(self) -> bool:
+        """False while the log cannot be written: the proxy then refuses requests (503)
+        rather than serve them unaudited (README, "Faults")."""
+        return not self.failing
 
     async def emit(self, event: dict[str, Any]) -> None:
         """Queue ``event``; waits without blocking the loop while the queue is full."""
@@ -216,8 +224,10 @@ class JsonLinesWriter:
         while self._file.pending:
             try:
                 self._file.flush()
+                self.failing = False
                 return 0
             except OSError as exc:
+                self.failing = True
                 self.stats.write_errors += 1
                 log.error(
                     "audit log %s: write failed (%s), %d events waiting; retrying in %.2fs",

@@ -32,7 +32,11 @@ from gatekeeper.policy.model import (
     VersionSpec,
 )
 from gatekeeper.policy.nodeselector import node_labels_with_hostname
-from gatekeeper.policy.ownership import fill_missing, ownership_violation
+from gatekeeper.policy.ownership import (
+    collection_pool_violation,
+    fill_missing,
+    ownership_violation,
+)
 from gatekeeper.policy.ownnode import decide_own_node
 from gatekeeper.policy.patching import APPLY
 from gatekeeper.policy.plan import Plan, Preview
@@ -223,6 +227,10 @@ class Engine:
             terms = parse_field_selector(info.query_value("fieldSelector") or "")
         except ValueError as exc:
             return deny(400, f"invalid fieldSelector: {exc}")
+        if info.verb == "deletecollection" and (
+            problem := collection_pool_violation(version, terms, self.node_name)
+        ):
+            return forbid(driver, info, problem)
         wanted = {
             version.selectors[Field.DRIVER]: driver,
             version.selectors[Field.NODE]: self.node_name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Mapping
+from functools import partial
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -18,6 +19,8 @@ from gatekeeper.policy.model import (
     ALLOCATED_VERBS,
     ANY_DRIVER,
     OWN_NODE_VERBS,
+    POOL_SEPARATORS,
+    STRICT_POOL_SEPARATORS,
     AllocationPaths,
     Field,
     KindRule,
@@ -48,6 +51,7 @@ _KIND_KEYS = {
     "subresources",
     "listSelector",
     "fill",
+    "poolSeparators",
 }
 _VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors", "immutable"}
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
@@ -61,7 +65,7 @@ ALLOCATION_KEYS = {
 }
 # Optional AllocatedToDriver version key: paths (list steps implicit) of opaque JSON.
 _ALLOCATION_OPAQUE = "opaque"
-_NODE_LOCAL_ONLY = ("listSelector", "fill")
+_NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
 
@@ -223,12 +227,13 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
     versions_raw = kind["versions"]
     if not isinstance(versions_raw, dict) or not versions_raw:
         ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
+    separators = _pool_separators(ctx, _join(key, "poolSeparators"), kind)
     parse_version = (
         _parse_allocation_version
         if allocated
         else _parse_own_node_version
         if own_node
-        else _parse_version
+        else partial(_parse_version, separators=separators)
     )
     versions = {
         ctx.string(name, _join(key, f"versions.{name}"), _VERSION): parse_version(
@@ -253,7 +258,23 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
             ctx, ListSelectorMode, kind.get("listSelector", "Require"), _join(key, "listSelector")
         ),
         fill=fill,
+        pool_separators=separators,
     )
+
+
+def _pool_separators(ctx: _Context, key: str, kind: Mapping[str, Any]) -> tuple[str, ...]:
+    """``poolSeparators``: what may follow the node name in a pool name (default ``["/"]``)."""
+    if "poolSeparators" not in kind:
+        return STRICT_POOL_SEPARATORS
+    raw = ctx.string_list(kind["poolSeparators"], key)
+    if not raw:
+        ctx.fail(key, "must list at least one separator (the pool may always equal the node)")
+    for value in raw:
+        if value not in POOL_SEPARATORS:
+            ctx.fail(key, f"{value!r} is not one of {', '.join(POOL_SEPARATORS)}")
+    if len(set(raw)) != len(raw):
+        ctx.fail(key, "lists a separator twice")
+    return tuple(raw)
 
 
 def _check_allocated(
@@ -326,7 +347,9 @@ def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
     return VersionSpec(paths={}, selectors={}, allocation=allocation)
 
 
-def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+def _parse_version(
+    ctx: _Context, key: str, raw: Any, separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+) -> VersionSpec:
     spec = ctx.mapping(raw, key, _VERSION_KEYS)
     paths: dict[Field, FieldPath] = {}
     for fld in Field:
@@ -335,7 +358,7 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
         elif fld is not Field.POOL:
             ctx.fail(_join(key, fld.value), "is required (the JSON path of the field)")
     selectors_raw = ctx.mapping(
-        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node"}
+        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node", "pool"}
     )
     selectors = {
         fld: ctx.string(
@@ -344,6 +367,15 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
         )
         for fld in (Field.DRIVER, Field.NODE)
     }
+    # The pool is pinned on deletecollection only where a field selector can name it: every
+    # kind selects on metadata.name; another path only if the policy names its selector.
+    pool_path = paths.get(Field.POOL)
+    if "pool" in selectors_raw:
+        if pool_path is None:
+            ctx.fail(_join(key, "fieldSelectors.pool"), "needs a pool path")
+        selectors[Field.POOL] = ctx.string(selectors_raw["pool"], _join(key, "fieldSelectors.pool"))
+    elif pool_path == ("metadata", "name"):
+        selectors[Field.POOL] = "metadata.name"
     forbidden = tuple(
         ctx.path(p, f"{_join(key, 'forbidden')}[{i}]")
         for i, p in enumerate(ctx.string_list(spec.get("forbidden", []), _join(key, "forbidden")))
@@ -356,7 +388,13 @@ def _parse_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
     )
     if unlocated := sorted(f.value for f in immutable - set(paths)):
         ctx.fail(_join(key, "immutable"), f"names {', '.join(unlocated)}, which has no path here")
-    return VersionSpec(paths=paths, selectors=selectors, forbidden=forbidden, immutable=immutable)
+    return VersionSpec(
+        paths=paths,
+        selectors=selectors,
+        forbidden=forbidden,
+        immutable=immutable,
+        pool_separators=separators,
+    )
 
 
 def _enum(ctx: _Context, enum_type: Any, value: Any, key: str) -> Any:

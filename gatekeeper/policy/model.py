@@ -13,6 +13,8 @@ __all__ = [
     "ALL_VERBS",
     "ANY_DRIVER",
     "OWN_NODE_VERBS",
+    "POOL_SEPARATORS",
+    "STRICT_POOL_SEPARATORS",
     "AllocationPaths",
     "Field",
     "KindRule",
@@ -31,6 +33,11 @@ ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
 """The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
 OWN_NODE_VERBS = frozenset({"get"})
 """The verbs an OwnNode kind may allow: reading the one object."""
+POOL_SEPARATORS = ("/", "-", ".")
+"""What a policy may let follow the node name in a pool name (``poolSeparators``)."""
+STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
+"""The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
+node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
 
 
 class Scope(enum.Enum):
@@ -115,6 +122,9 @@ class VersionSpec:
     forwarded as an apply: should someone create the name first, the apiserver refuses the
     apply rather than let it take the object over (issue 9, item 3)."""
 
+    pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+    """What may follow the node name in a pool name (the kind's ``poolSeparators``)."""
+
     @property
     def owner_fields_immutable(self) -> bool:
         """Whether every ownership field this version locates is immutable."""
@@ -133,6 +143,8 @@ class KindSpec:
     subresources: frozenset[str] = frozenset()
     list_selector: ListSelectorMode = ListSelectorMode.REQUIRE
     fill: frozenset[Field] = frozenset()
+    pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+    """What may follow the node name in a pool name; every version carries it too."""
 
     @property
     def qualified(self) -> str:

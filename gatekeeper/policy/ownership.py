@@ -1,23 +1,65 @@
-"""Ownership checks for NodeLocal kinds: driver, node and node-prefixed pool (DESIGN §4.3)."""
+"""Ownership checks for NodeLocal kinds: driver, node and node-prefixed pool (DESIGN §4.3).
+
+A pool name is the node name, or the node name, one of the kind's ``poolSeparators`` (by
+default only ``/``) and more: README "Pool names" shows why ``<node>-<rest>`` is opt-in.
+"""
 
 from __future__ import annotations
 
 import copy
 
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field, set_field
-from gatekeeper.policy.model import Field, KindSpec, VersionSpec
+from gatekeeper.policy.model import STRICT_POOL_SEPARATORS, Field, KindSpec, VersionSpec
+from gatekeeper.selectors import FieldRequirement
 from gatekeeper.types import KubeObject
 
-__all__ = ["fill_missing", "ownership_violation", "pool_name_ok"]
+__all__ = ["collection_pool_violation", "fill_missing", "ownership_violation", "pool_name_ok"]
 
 _NAME: FieldPath = ("metadata", "name")
 
 
-def pool_name_ok(pool: str, node: str) -> bool:
-    """The pool is the node name, or the node name followed by ``-`` or ``/`` and more."""
+def pool_name_ok(
+    pool: str, node: str, separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+) -> bool:
+    """The pool is the node name, or the node name followed by a separator and more."""
     if pool == node:
         return True
-    return any(pool.startswith(node + sep) and len(pool) > len(node) + 1 for sep in "-/")
+    return any(pool.startswith(node + sep) and len(pool) > len(node) + 1 for sep in separators)
+
+
+def collection_pool_violation(
+    version: VersionSpec, terms: tuple[FieldRequirement, ...], node: str
+) -> str | None:
+    """Why a deletecollection's field selector does not pin the pool to one the rule accepts;
+    None when it does, or when no field selector can name this version's pool.
+
+    SECURITY: DESIGN §4.3 — get and delete refuse a stored object whose pool breaks the rule,
+    so deletecollection must not reach it either. Where the pool cannot be selected on (the
+    ResourceSlice ``spec.pool.name``), README "Pool names" says what remains.
+    """
+    key = version.selectors.get(Field.POOL)
+    if key is None:
+        return None
+    pinned = [t.value for t in terms if t.field == key and t.operator == "="]
+    if not pinned:
+        return (
+            f'deletecollection requires fieldSelector {key}=<pool>: node name "{node}", or '
+            f"prefixed by it followed by {_shown(version)}"
+        )
+    for value in pinned:
+        if not pool_name_ok(value, node, version.pool_separators):
+            why = _not_prefixed(value, node, version)
+            return f'fieldSelector pins {key}="{value}", which {why}'
+    return None
+
+
+def _shown(version: VersionSpec) -> str:
+    return " or ".join(f'"{sep}"' for sep in version.pool_separators)
+
+
+def _not_prefixed(value: str, node: str, version: VersionSpec) -> str:
+    said = f'is not prefixed by node name "{node}"'
+    return f"{said} followed by {_shown(version)}" if value.startswith(node) else said
 
 
 def ownership_violation(
@@ -36,7 +78,7 @@ def ownership_violation(
     if problem:
         return problem
     pool_path = version.paths.get(Field.POOL)
-    if pool_path is not None and (problem := _pool(obj, pool_path, node, whose)):
+    if pool_path is not None and (problem := _pool(version, obj, pool_path, node, whose)):
         return problem
     if stored:
         return None
@@ -79,16 +121,22 @@ def _exact(obj: KubeObject, path: FieldPath, want: str, what: str, whose: str) -
     return None
 
 
-def _pool(obj: KubeObject, path: FieldPath, node: str, whose: str) -> str | None:
+def _pool(
+    version: VersionSpec, obj: KubeObject, path: FieldPath, node: str, whose: str
+) -> str | None:
     value = get_field(obj, path)
     dotted = ".".join(path)
     if (value is MISSING or value is None) and path == _NAME:
         generate = get_field(obj, ("metadata", "generateName"))
-        if isinstance(generate, str) and generate.startswith(node + "-"):
+        starts = [node + sep for sep in version.pool_separators]
+        if isinstance(generate, str) and any(generate.startswith(start) for start in starts):
             return None
-        return f'metadata.generateName "{generate or ""}" must start with node name "{node}-"'
+        return (
+            f'metadata.generateName "{generate or ""}" must start with node name "{node}" '
+            f"followed by {_shown(version)}"
+        )
     if not isinstance(value, str) or not value:
         return f'{whose}{dotted} is empty: it must be prefixed by node name "{node}"'
-    if not pool_name_ok(value, node):
-        return f'{whose}{dotted} "{value}" is not prefixed by node name "{node}"'
+    if not pool_name_ok(value, node, version.pool_separators):
+        return f'{whose}{dotted} "{value}" {_not_prefixed(value, node, version)}'
     return None

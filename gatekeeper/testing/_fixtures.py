@@ -208,7 +208,7 @@ def slice_body(
     name: str | None = "node-a-gpu-0",
     driver: str = GPU,
     node: str = NODE,
-    pool: str = "node-a-gpus",
+    pool: str = "node-a/gpus",
 ) -> KubeObject:
     """A ResourceSlice of ``driver`` on ``node`` (the GPU driver on this node by default)."""
     return resource_slice(name, driver=driver, node=node, pool=pool)

@@ -9,6 +9,7 @@ import pytest
 
 from gatekeeper.audit import AuditLevel
 from gatekeeper.config import AuditSettings
+from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import PKI, Audited, running_gatekeeper
@@ -20,12 +21,22 @@ def audit_level() -> AuditLevel:
 
 
 @pytest.fixture
+def limits() -> Limits:
+    return DEFAULT_LIMITS
+
+
+@pytest.fixture
 async def audited(
-    apiserver: APIServer, policy: Policy, pki: PKI, audit_level: AuditLevel, tmp_path: Path
+    apiserver: APIServer,
+    policy: Policy,
+    pki: PKI,
+    audit_level: AuditLevel,
+    limits: Limits,
+    tmp_path: Path,
 ) -> AsyncIterator[Audited]:
     log_path = tmp_path / "audit.log"
     settings = AuditSettings(path=str(log_path), level=audit_level)
-    async with running_gatekeeper(apiserver, policy, pki, audit=settings) as running:
+    async with running_gatekeeper(apiserver, policy, pki, audit=settings, limits=limits) as running:
         audited = Audited(running.server, running.socket_dir, running.pki, log_path=log_path)
         yield audited
         await audited.stop()

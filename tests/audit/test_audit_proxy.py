@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.audit import AuditLevel
+from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy, parse_policy
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
@@ -168,6 +169,13 @@ async def test_no_secrets_in_the_log(audited: Audited, audit_level: AuditLevel) 
         assert secret not in text
 
 
+@pytest.mark.parametrize(
+    # One driver, 1,000 requests at once: above the per-driver budgets (README "Limits"), which
+    # this test of the audit under load raises.
+    "limits",
+    [Limits(inflight_per_driver=1000, connections_per_driver=1000)],
+    ids=["budgets-raised"],
+)
 async def test_thousand_concurrent_requests_thousand_events(
     audited: Audited, apiserver: APIServer
 ) -> None:
@@ -205,13 +213,13 @@ async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited)
         {
             "apiVersion": "devmgmtproto.k8s.io/v1alpha1",
             "kind": "DevicePool",
-            "metadata": {"name": "node-a-applied"},
+            "metadata": {"name": "node-a"},
             "spec": {"driver": GPU, "nodeName": NODE},
         }
     )
     async with audited.unix_session(GPU) as session:
         applied = await session.patch(
-            f"{pools}/node-a-applied?fieldManager=gpu-driver&force=true",
+            f"{pools}/node-a?fieldManager=gpu-driver&force=true",
             data=apply,
             headers={"Content-Type": "application/apply-patch+yaml"},
         )

@@ -30,7 +30,7 @@ def slice_v1(name: str = "node-a-gpu", **spec: Any) -> dict[str, Any]:
         "spec": {
             "driver": "gpu.example.com",
             "nodeName": NODE,
-            "pool": {"name": "node-a-gpus", "generation": 1, "resourceSliceCount": 1},
+            "pool": {"name": "node-a/gpus", "generation": 1, "resourceSliceCount": 1},
             "devices": [],
         },
     }

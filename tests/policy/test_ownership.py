@@ -23,7 +23,7 @@ POOL_V1 = POOLS.versions["v1alpha1"]
     ("pool", "ok"),
     [
         ("node-a", True),
-        ("node-a-gpus", True),
+        ("node-a-gpus", False),  # issue 10: node "node-a-gpus" may exist; "-" is opt-in
         ("node-a/gpus", True),
         ("node-a-", False),
         ("node-a/", False),
@@ -37,10 +37,17 @@ def test_pool_name_is_the_node_or_prefixed_by_it(pool: str, ok: bool) -> None:
     assert pool_name_ok(pool, NODE) is ok
 
 
+@pytest.mark.parametrize(
+    ("pool", "ok"), [("node-a-gpus", True), ("node-a/gpus", True), ("node-a.gpus", False)]
+)
+def test_a_policy_may_allow_dash(pool: str, ok: bool) -> None:
+    assert pool_name_ok(pool, NODE, ("/", "-")) is ok
+
+
 def slice_v1(**spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "metadata": {"name": "node-a-gpu"},
-        "spec": {"driver": GPU, "nodeName": NODE, "pool": {"name": "node-a-gpus"}},
+        "spec": {"driver": GPU, "nodeName": NODE, "pool": {"name": "node-a/gpus"}},
     }
     body["spec"].update(spec)
     return body
@@ -75,13 +82,18 @@ def test_ownership_violation_names_the_field(obj: Any, stored: bool, problem: st
     assert ownership_violation(V1, obj, GPU, NODE, stored=stored) == problem
 
 
-def test_a_pool_named_by_metadata_name_may_be_generated() -> None:
+def test_a_pool_named_by_metadata_name_may_be_generated_where_dash_is_allowed() -> None:
     pool: dict[str, Any] = {"metadata": {"generateName": "node-a-"}, "spec": {}}
     pool["spec"] = {"driver": GPU, "nodeName": NODE}
-    assert ownership_violation(POOL_V1, pool, GPU, NODE) is None
-    pool["metadata"]["generateName"] = "gpus-"
+    dashed = replace(POOL_V1, pool_separators=("/", "-"))
+    assert ownership_violation(dashed, pool, GPU, NODE) is None
+    # The default: a generated name would be "<node>-<random>", maybe another node's pool.
     assert ownership_violation(POOL_V1, pool, GPU, NODE) == (
-        'metadata.generateName "gpus-" must start with node name "node-a-"'
+        'metadata.generateName "node-a-" must start with node name "node-a" followed by "/"'
+    )
+    pool["metadata"]["generateName"] = "gpus-"
+    assert ownership_violation(dashed, pool, GPU, NODE) == (
+        'metadata.generateName "gpus-" must start with node name "node-a" followed by "/" or "-"'
     )
 
 

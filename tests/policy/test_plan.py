@@ -27,7 +27,7 @@ def plan(method: str, target: str, media_type: str = "application/json") -> Plan
 
 
 def stored(driver: str = GPU) -> dict[str, Any]:
-    obj = resource_slice("node-a-gpu", driver=driver, node=NODE, pool="node-a-gpus")
+    obj = resource_slice("node-a-gpu", driver=driver, node=NODE, pool="node-a/gpus")
     obj["metadata"]["resourceVersion"] = "7"
     return obj
 

@@ -1,0 +1,160 @@
+"""Per-driver isolation over real sockets: budgets of in-flight requests and open watches
+(429 + Retry-After, audited), upstream pools that keep the gatekeeper's own reads and other
+drivers' requests from waiting behind one driver's watches, and bounded waits (503)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import aiohttp
+
+from gatekeeper.limits import Limits
+from gatekeeper.policy import Policy
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import GPU, NIC, NODE, PKI, Running, running_gatekeeper, seed
+from tests.conftest import MemorySink
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+# A list at a resourceVersion the store has not reached waits (the apiserver: 3 s, then 504):
+# a request that stays in flight, with nothing slow about the gatekeeper itself.
+FUTURE = {"resourceVersion": "999999", "resourceVersionMatch": "NotOlderThan"}
+
+
+def pinned(driver: str, **extra: str) -> dict[str, str]:
+    return {"fieldSelector": f"spec.nodeName={NODE},spec.driver={driver}", **extra}
+
+
+@asynccontextmanager
+async def started(
+    apiserver: APIServer, policy: Policy, pki: PKI, limits: Limits
+) -> AsyncIterator[tuple[Running, MemorySink]]:
+    apiserver.rv_wait_seconds = 5.0
+    sink = MemorySink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink, limits=limits) as gk:
+        yield gk, sink
+
+
+@asynccontextmanager
+async def holding(
+    session: aiohttp.ClientSession, count: int, **params: str
+) -> AsyncIterator[list[asyncio.Task[int]]]:
+    """``count`` requests of ``session`` kept open (watches, or lists that wait)."""
+
+    async def one() -> int:
+        async with session.get(SLICES, params=params) as response:
+            await response.read()
+            return response.status
+
+    tasks = [asyncio.create_task(one()) for _ in range(count)]
+    await asyncio.sleep(0.3)  # all of them accepted and upstream
+    try:
+        yield tasks
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_over_the_watch_budget_is_429_and_audited(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    async with (
+        started(apiserver, policy, pki, Limits(watches_per_driver=3)) as (gk, sink),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+        holding(gpu, 3, **pinned(GPU, watch="true")) as watches,
+    ):
+        async with gpu.get(SLICES, params=pinned(GPU, watch="true")) as refused:
+            assert refused.status == 429
+            assert refused.headers["Retry-After"] == "1"
+            status = await refused.json()
+            assert status["details"]["retryAfterSeconds"] == 1
+            assert "3 open watches" in status["message"]
+            (event,) = sink.by_id(refused.headers["Audit-Id"])
+            assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        assert not any(task.done() for task in watches)
+        # Another driver's budget is its own; the first driver's requests still pass.
+        async with nic.get(SLICES, params=pinned(NIC, watch="true", timeoutSeconds="1")) as ok:
+            assert ok.status == 200
+        async with gpu.get(SLICES, params=pinned(GPU)) as listed:
+            assert listed.status == 200
+
+
+async def test_over_the_inflight_budget_is_429_other_driver_served(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    async with (
+        started(apiserver, policy, pki, Limits(inflight_per_driver=2)) as (gk, _),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+        holding(gpu, 2, **pinned(GPU, **FUTURE)),
+    ):
+        async with gpu.get("/version") as refused:
+            assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+        async with nic.get("/version") as served:
+            assert served.status == 200
+
+
+async def test_own_reads_never_wait_behind_drivers_watches(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """Every upstream watch connection held by one driver: the gatekeeper's own fetch (before
+    deciding a get) and other drivers' requests still go through; one more watch waits at
+    most --upstream-wait, then 503 + Retry-After."""
+    seed(apiserver, name="nic-slice", driver=NIC, pool=NODE)
+    limits = Limits(upstream_watches=4, watches_per_driver=8, upstream_wait=0.5)
+    async with (
+        started(apiserver, policy, pki, limits) as (gk, _),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+        holding(gpu, 4, **pinned(GPU, watch="true")),
+    ):
+        async with nic.get(f"{SLICES}/nic-slice") as fetched:
+            assert fetched.status == 200  # the engine's read used the gatekeeper's own pool
+        async with nic.get(SLICES, params=pinned(NIC)) as listed:
+            assert listed.status == 200
+        async with nic.get(SLICES, params=pinned(NIC, watch="true")) as waited:
+            assert waited.status == 503
+            assert waited.headers["Retry-After"] == "1"
+            assert "no upstream connection for drivers' watches" in (await waited.json())["message"]
+
+
+async def test_waiting_for_a_request_connection_is_bounded(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    limits = Limits(upstream_requests=2, upstream_wait=0.3)
+    async with (
+        started(apiserver, policy, pki, limits) as (gk, _),
+        gk.unix_session(GPU) as gpu,
+        AsyncExitStack() as stack,
+    ):
+        await stack.enter_async_context(holding(gpu, 2, **pinned(GPU, **FUTURE)))
+        async with gpu.get(SLICES, params=pinned(GPU)) as waited:
+            assert waited.status == 503 and waited.headers["Retry-After"] == "1"
+
+
+async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_far(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """A fault after the decision (here: while forwarding) is a 500 Status, not aiohttp's
+    text/plain; the event keeps the decision reached (allow) and names the error."""
+    sink = MemorySink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
+        upstream = gk.server.gatekeeper.upstream
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug")
+
+        upstream.stream = broken  # type: ignore[method-assign]
+        async with gk.unix_session(GPU) as gpu, gpu.get(SLICES, params=pinned(GPU)) as answer:
+            assert answer.status == 500
+            assert answer.headers["Content-Type"].startswith("application/json")
+            status = await answer.json()
+            audit_id = answer.headers["Audit-Id"]
+    assert status["kind"] == "Status" and audit_id in status["message"]
+    (event,) = sink.by_id(audit_id)
+    assert event["responseStatus"]["code"] == 500
+    assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+    assert event["annotations"]["dra-gatekeeper.io/error"] == "internal error: RuntimeError"
