@@ -41,16 +41,24 @@ PINNED = f"{SLICES}?fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
 
 def sample_event(index: int) -> dict[str, Any]:
     """A realistic gatekeeper event (about 900 bytes as JSON)."""
-    refused = index % 7 == 0
     verb = ("list", "watch", "create", "update", "get", "delete")[index % 6]
+    refused = verb == "create" and index % 4 == 0  # a create into another pool: refused
     driver = (GPU, NIC)[index % 2]
+    name = f"node-a-slice-{index % 100}"
+    # As drivers send them: list and watch pinned to the collection, a create to the collection.
+    uri = {
+        "list": f"{SLICES}?fieldSelector=spec.driver%3D{driver}%2Cspec.nodeName%3D{NODE}",
+        "watch": f"{SLICES}?fieldSelector=spec.driver%3D{driver}%2Cspec.nodeName%3D{NODE}"
+        "&watch=true",
+        "create": SLICES,
+    }.get(verb, f"{SLICES}/{name}")
     return {
         "kind": "Event",
         "apiVersion": "audit.k8s.io/v1",
         "level": "Metadata",
         "auditID": f"00000000-0000-4000-8000-{index:012d}",
         "stage": "ResponseComplete",
-        "requestURI": f"{SLICES}/node-a-slice-{index % 100}",
+        "requestURI": uri,
         "verb": verb,
         "user": {
             "username": driver,
@@ -67,7 +75,7 @@ def sample_event(index: int) -> dict[str, Any]:
         "userAgent": "gpu-kubeletplugin/v1.0.0 (linux/amd64) kubernetes/$Format",
         "objectRef": {
             "resource": "resourceslices",
-            "name": f"node-a-slice-{index % 100}",
+            **({} if verb in ("list", "watch") else {"name": name}),
             "apiGroup": "resource.k8s.io",
             "apiVersion": "v1",
         },
