@@ -6,7 +6,9 @@
 2. Behind the proxy: small GETs through the gatekeeper (Unix socket, embedded API server on
    loopback) with the audit log off and on; requests/s = audit events/s, and the difference.
 3. ``summarize`` on a generated log of ``--events`` events (default 1,000,000): seconds, events/s.
-Bounded loops, loopback only, temporary files removed.
+4. ``check`` on the same log under the packaged policy: seconds, events/s.
+``--only summarize,check`` runs just those parts. Bounded loops, loopback only, temporary files
+removed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 import aiohttp
 
 from gatekeeper.audit import AuditLevel, AuditSink, JsonLinesWriter, NullSink
-from gatekeeper.audit.reader import ReadStats, iter_events
+from gatekeeper.audit.check import check_records
+from gatekeeper.audit.reader import ReadStats, iter_events, iter_records
 from gatekeeper.audit.summarize import summarize
 from gatekeeper.config import AuditSettings, ServeConfig
 from gatekeeper.kubeconfig import UpstreamConfig
@@ -38,16 +41,24 @@ PINNED = f"{SLICES}?fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
 
 def sample_event(index: int) -> dict[str, Any]:
     """A realistic gatekeeper event (about 900 bytes as JSON)."""
-    refused = index % 7 == 0
     verb = ("list", "watch", "create", "update", "get", "delete")[index % 6]
+    refused = verb == "create" and index % 4 == 0  # a create into another pool: refused
     driver = (GPU, NIC)[index % 2]
+    name = f"node-a-slice-{index % 100}"
+    # As drivers send them: list and watch pinned to the collection, a create to the collection.
+    uri = {
+        "list": f"{SLICES}?fieldSelector=spec.driver%3D{driver}%2Cspec.nodeName%3D{NODE}",
+        "watch": f"{SLICES}?fieldSelector=spec.driver%3D{driver}%2Cspec.nodeName%3D{NODE}"
+        "&watch=true",
+        "create": SLICES,
+    }.get(verb, f"{SLICES}/{name}")
     return {
         "kind": "Event",
         "apiVersion": "audit.k8s.io/v1",
         "level": "Metadata",
         "auditID": f"00000000-0000-4000-8000-{index:012d}",
         "stage": "ResponseComplete",
-        "requestURI": f"{SLICES}/node-a-slice-{index % 100}",
+        "requestURI": uri,
         "verb": verb,
         "user": {
             "username": driver,
@@ -64,7 +75,7 @@ def sample_event(index: int) -> dict[str, Any]:
         "userAgent": "gpu-kubeletplugin/v1.0.0 (linux/amd64) kubernetes/$Format",
         "objectRef": {
             "resource": "resourceslices",
-            "name": f"node-a-slice-{index % 100}",
+            **({} if verb in ("list", "watch") else {"name": name}),
             "apiGroup": "resource.k8s.io",
             "apiVersion": "v1",
         },
@@ -154,17 +165,58 @@ def bench_summarize(path: Path, count: int) -> tuple[float, float]:
     return elapsed, count / elapsed
 
 
+def bench_check(path: Path, count: int) -> tuple[float, float]:
+    """``audit check`` of the log under the packaged policy (drivers from the log itself)."""
+    start = time.perf_counter()
+    report = check_records(iter_records([str(path)], {}), load_policy(None))
+    elapsed = time.perf_counter() - start
+    seen = sum(report.decided.values()) + sum(report.skipped.values())
+    assert seen == count and not report.changes, (seen, report.changes[:1])
+    return elapsed, count / elapsed
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--writer-events", type=int, default=200_000)
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--only", default="writer,proxy,summarize,check", help="comma-separated parts to run"
+    )
     args = parser.parse_args()
+    parts = set(args.only.split(","))
     directory = Path(tempfile.mkdtemp(prefix="gk-audit-bench-"))
     try:
+        if parts & {"writer", "proxy"}:
+            await bench_writer_and_proxy(directory, args, parts)
+        if parts & {"summarize", "check"}:
+            log = directory / "summarize.log"
+            write_log(log, args.events)
+            size_mb = log.stat().st_size / 1e6
+        if "summarize" in parts:
+            seconds, per_second = bench_summarize(log, args.events)
+            print(
+                f"summarize: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
+                f"= {per_second:,.0f} events/s"
+            )
+        if "check" in parts:
+            seconds, per_second = bench_check(log, args.events)
+            print(
+                f"check: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
+                f"= {per_second:,.0f} events/s"
+            )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def bench_writer_and_proxy(
+    directory: Path, args: argparse.Namespace, parts: set[str]
+) -> None:
+    if "writer" in parts:
         rate = await bench_writer(directory, args.writer_events)
         print(f"writer alone: {args.writer_events} events, {rate:,.0f} events/s (to disk)")
+    if "proxy" in parts:
         plain, _ = await bench_proxy(directory, NullSink(), args.requests, args.concurrency)
         audited_log = directory / "proxy-audit.log"
         writer = JsonLinesWriter(str(audited_log))
@@ -176,16 +228,6 @@ async def main() -> None:
             f"{writer.stats.backpressure_waits} backpressure waits, "
             f"{writer.stats.write_errors} write errors); overhead {1 - audited / plain:.1%}"
         )
-        log = directory / "summarize.log"
-        write_log(log, args.events)
-        size_mb = log.stat().st_size / 1e6
-        seconds, per_second = bench_summarize(log, args.events)
-        print(
-            f"summarize: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
-            f"= {per_second:,.0f} events/s"
-        )
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "summarize, check or generate a policy from audit logs",
     ),
     "policy": ("gatekeeper.rbac:run_policy_command", "what a policy needs: its RBAC ClusterRole"),
+    "test": (
+        "gatekeeper.policytest:run_test_command",
+        "run policy test files (*_test.yaml) through a real gatekeeper",
+    ),
 }
 """Subcommands other than ``serve``: name → ("module:function(args) -> exit code", help)."""
 

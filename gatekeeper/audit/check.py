@@ -6,6 +6,7 @@ How each request could be decided is counted by basis (see :mod:`gatekeeper.audi
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,6 +29,18 @@ _NOT_REPLAYABLE_CODES = frozenset({401, 413, 415, 429})
 _STATE_CODES = frozenset({404, 409})
 _JSON = "application/json"
 _UNDETERMINED = "refused before, allowed now only if the object is the caller's (not in the log)"
+# Refusals for what the log does not record (the gatekeeper's own reasons, DESIGN §4.5):
+# re-deciding without it would allow them, a change that is not one.
+_UNRECORDED = (
+    (
+        re.compile(r"^header \S+ is not allowed"),
+        "refused for a request header (Impersonate-*, X-Remote-*, method override), "
+        "which the log does not record",
+    ),
+    (re.compile(r"^connection upgrades"), "refused for a connection upgrade (not in the log)"),
+)
+_NOT_ON_NODE = "is not allowed on node"
+_IMPERSONATION = deny(403, "header Impersonate-User is not allowed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +77,7 @@ def check_records(
 ) -> CheckReport:
     """Re-decide ``records`` in log order under ``policy``."""
     report = CheckReport()
-    engines: dict[str, Engine] = {}
+    engines: dict[tuple[str, str], Engine] = {}
     memory = ObjectMemory(policy)
     for record in records:
         why = _skip_reason(record, default_node)
@@ -73,8 +86,21 @@ def check_records(
             continue
         assert record.driver is not None
         node = record.node or default_node or ""
-        engine = engines.get(node) or engines.setdefault(node, Engine(policy, node))
-        decision, basis = _decide(engine, memory, record, record.driver, node)
+        # The gatekeeper served this driver on its node (the policy or serve --driver), unless
+        # the event itself is the refusal of a driver not allowed there.
+        seen = record.source == "gatekeeper" and not (
+            record.decision == "forbid" and _NOT_ON_NODE in record.reason
+        )
+        key = (node, record.driver if seen else "")
+        engine = engines.get(key)
+        if engine is None:
+            allowed = policy.with_drivers(frozenset({record.driver})) if seen else policy
+            engine = engines[key] = Engine(allowed, node)
+        if record.impersonated:
+            # SECURITY: DESIGN §4.5 — the gatekeeper refuses Impersonate-* headers.
+            decision, basis = _IMPERSONATION, "full"
+        else:
+            decision, basis = _decide(engine, memory, record, record.driver, node)
         after = "allow" if decision.allowed else "forbid"
         if basis == "metadata" and after == "allow" and record.decision == "forbid":
             # Allowed only under the assumption that the object is the caller's: unknown.
@@ -82,9 +108,8 @@ def check_records(
             continue
         report.decided[basis] += 1
         if after != record.decision and not _same_state_outcome(record, decision):
-            reason = decision.reason if not decision.allowed else "allowed: " + decision.reason
             report.changes.append(
-                Change(record, record.decision, after, decision.code, reason, basis)
+                Change(record, record.decision, after, decision.code, decision.reason, basis)
             )
     return report
 
@@ -98,6 +123,10 @@ def _skip_reason(record: Record, default_node: str | None) -> str:
         return "no node name (user.extra or --node-name)"
     if record.decision == "forbid" and record.code in _NOT_REPLAYABLE_CODES:
         return f"refused with {record.code} for reasons the log does not carry"
+    if record.decision == "forbid" and record.source == "gatekeeper":
+        for pattern, why in _UNRECORDED:
+            if pattern.search(record.reason):
+                return why
     if record.decision == "forbid" and record.code >= 500:
         return "failed before a decision (upstream or gatekeeper error)"
     return ""
@@ -139,7 +168,8 @@ def format_report(report: CheckReport) -> str:
     lines = [
         f"{c.before.upper()} -> {c.after.upper()}  {c.record.received}  "
         f"{c.record.driver}  {c.record.verb} {c.record.request_uri}  "
-        f"({c.code or 'allowed'}: {c.reason}) [{c.basis}] auditID={c.record.audit_id}"
+        f"({c.code if c.after == 'forbid' else 'allowed'}: {c.reason}) [{c.basis}] "
+        f"auditID={c.record.audit_id}"
         for c in report.changes
     ]
     total = sum(report.decided.values())

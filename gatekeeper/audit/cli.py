@@ -1,7 +1,8 @@
 """``dra-gatekeeper audit summarize|check|generate``: offline tools over audit logs.
 
 Exit codes: 0 done; 1 ``check`` found a request allowed before that the policy now refuses;
-2 bad input (flags, unreadable log or policy), with one line on stderr.
+2 bad input (flags, unreadable log or policy), with one line on stderr; 3 ``check`` could
+re-decide no request at all (every one skipped, or an empty log), unless ``--allow-empty``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from gatekeeper.audit.summarize import format_table, summarize, summary_json
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import load_policy
 
-__all__ = ["run_audit_command"]
+__all__ = ["EXIT_EMPTY", "run_audit_command"]
 
 _PROG = "dra-gatekeeper audit"
+EXIT_EMPTY = 3
+"""``check`` re-decided nothing: a gate that checked nothing must not pass."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,9 +52,22 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check", parents=[mapping], help="re-decide recorded requests under a policy"
     )
-    check.add_argument("--policy", required=True, help="the policy file to test")
-    check.add_argument("--driver", action="append", default=[], help="also allow this driver")
+    check.add_argument(
+        "--policy", help="the policy file to test (default: the packaged default policy)"
+    )
+    check.add_argument(
+        "--driver",
+        action="append",
+        default=[],
+        help="also allow this driver, as serve --driver (repeatable; drivers named by "
+        "--driver-user and the gatekeeper's own log are allowed too)",
+    )
     check.add_argument("--node-name", help="node of requests whose user names none")
+    check.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help=f"exit 0 even when no request could be re-decided (default: exit {EXIT_EMPTY})",
+    )
     check.add_argument(
         "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
     )
@@ -112,10 +128,21 @@ def _records(logs: list[str], users: dict[str, str], node: str | None) -> Iterat
 
 
 def _check(ns: argparse.Namespace, users: dict[str, str]) -> int:
-    policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver))
+    # As serve --driver: the named drivers, and those --driver-user maps users to, are
+    # allowed on the node in addition to the policy's list.
+    policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver) | frozenset(users.values()))
     report = check_records(_records(ns.logs, users, ns.node_name), policy)
     sys.stdout.write(format_report(report))
-    return 1 if report.newly_refused else 0
+    if report.newly_refused:
+        return 1
+    if not sum(report.decided.values()) and not ns.allow_empty:
+        print(
+            f"{_PROG} check: no request could be re-decided, so nothing was checked "
+            f"(exit {EXIT_EMPTY}; --allow-empty to accept)",
+            file=sys.stderr,
+        )
+        return EXIT_EMPTY
+    return 0
 
 
 def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:

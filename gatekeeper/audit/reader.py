@@ -77,6 +77,9 @@ class Record:
     request_object: Any = None
     response_object: Any = None
     annotations: Mapping[str, str] = field(default_factory=dict)
+    impersonated: bool = False
+    """The kube-apiserver served it as another user (``impersonatedUser``): the caller sent
+    ``Impersonate-*`` headers."""
 
     @property
     def resource_key(self) -> str:
@@ -204,6 +207,7 @@ def to_record(event: Mapping[str, Any], driver_users: Mapping[str, str]) -> Reco
         request_object=event.get("requestObject"),
         response_object=event.get("responseObject"),
         annotations=annotations,
+        impersonated=bool(event.get("impersonatedUser")),
     )
 
 

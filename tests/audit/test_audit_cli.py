@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.audit.cli import run_audit_command
+from gatekeeper.audit.cli import EXIT_EMPTY, run_audit_command
 from gatekeeper.policy import load_policy
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import GPU, NIC, Audited
@@ -158,8 +158,12 @@ def test_check_without_node_name_skips(tmp_path: Path, capsys: pytest.CaptureFix
     lines = write_apiserver_log(tmp_path / "full.log").read_text().splitlines()
     log.write_text(lines[2].replace('"authentication.kubernetes.io/node-name"', '"x"') + "\n")
     args = ["check", "--policy", DEFAULT, "--driver", GPU, "--driver-user", f"{SA_GPU}={GPU}"]
-    code, out, _ = run(capsys, *args, str(log))
-    assert code == 0 and "1 skipped: no node name" in out
+    code, out, err = run(capsys, *args, str(log))
+    # Nothing could be re-decided: a CI gate must not pass having checked nothing.
+    assert code == EXIT_EMPTY == 3 and "1 skipped: no node name" in out
+    assert "no request could be re-decided" in err
+    code, out, _ = run(capsys, *args, "--allow-empty", str(log))
+    assert code == 0 and "0 requests re-decided" in out
     code, out, _ = run(capsys, *args, "--node-name", "node-a", str(log))
     assert code == 0 and "1 requests re-decided" in out
 
@@ -212,7 +216,8 @@ def test_generate_round_trips_on_a_kube_apiserver_log(
         (["summarize", "/nonexistent.log"], "cannot read"),
         (["summarize", "--driver-user", "nobody", "x.log"], "USER=DRIVER"),
         (["check", "--policy", "/nonexistent.yaml", "x.log"], "cannot read policy"),
-        (["check", "x.log"], "--policy"),
+        (["check", "x.log"], "x.log: cannot read"),  # the packaged policy, as serve
+        (["check", "--policy", "/nonexistent.yaml", "x.log"], "/nonexistent.yaml"),
         (["summarize", "-", "-"], "stdin"),
         (["frobnicate"], "invalid choice"),
     ],

@@ -1,0 +1,129 @@
+"""The shipped policies and their tests: the packaged default is ``policies/default.yaml``, every
+rule of it has an allowed and a refused case, and ``dra-gatekeeper test policies/`` passes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.cli import main
+from gatekeeper.errors import Refusal
+from gatekeeper.policy import KindRule, load_policy
+from gatekeeper.policy.model import ALL_VERBS
+from gatekeeper.policytest import TestFile, load_test_file
+from gatekeeper.requestinfo import parse_request
+
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = REPO / "policies"
+
+
+def test_packaged_default_policy_is_the_one_in_policies() -> None:
+    packaged = REPO / "gatekeeper" / "policies" / "default.yaml"
+    shipped = POLICIES / "default.yaml"
+    assert not packaged.is_symlink() and not shipped.is_symlink()
+    assert packaged.read_bytes() == shipped.read_bytes(), (
+        "gatekeeper/policies/default.yaml (packaged) and policies/default.yaml differ: "
+        "edit policies/default.yaml and copy it over"
+    )
+    assert load_policy(None).kinds == load_policy(str(shipped)).kinds
+
+
+def _pattern_text(pattern: re.Pattern[str] | None) -> str:
+    return "" if pattern is None else pattern.pattern.replace("\\", "")
+
+
+def uncovered(test_file: TestFile) -> list[str]:
+    """The rules of the test file's policy that lack an allowed or a refused case.
+
+    Rules: each kind x version x verb (allowed and refused when the kind allows the verb,
+    refused otherwise); each ownership and forbidden path of each NodeLocal version named by a
+    refusal; for AllocatedToDriver versions an out-of-scope 404 and a refused foreign-entry
+    write; discovery allowed and refused.
+    """
+    outcomes: dict[tuple[str, str, str, str], set[bool]] = defaultdict(set)
+    reasons: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    codes: dict[tuple[str, str, str], set[int]] = defaultdict(set)
+    discovery: set[bool] = set()
+    for case in test_file.cases:
+        try:
+            info = parse_request(case.request.method, case.request.target)
+        except Refusal:
+            continue  # refused before any rule: not a rule's case
+        if not info.is_resource_request:
+            discovery.add(case.expect.allowed)
+            continue
+        key = (info.api_group, info.resource, info.api_version)
+        outcomes[(*key, info.verb)].add(case.expect.allowed)
+        if not case.expect.allowed:
+            reasons[key].append(_pattern_text(case.expect.reason))
+            if case.expect.code is not None:
+                codes[key].add(case.expect.code)
+    missing: list[str] = []
+    for kind in test_file.policy.kinds.values():
+        for version, spec in kind.versions.items():
+            key = (kind.group, kind.resource, version)
+            where = f"{kind.qualified} {version}"
+            for verb in sorted(ALL_VERBS):
+                wanted = {True, False} if verb in kind.verbs else {False}
+                for allowed in sorted(wanted - outcomes[(*key, verb)]):
+                    missing.append(f"{where} {verb}: no {'allowed' if allowed else 'refused'} case")
+            if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
+                if 404 not in codes[key]:
+                    missing.append(f"{where}: no out-of-scope (404) case")
+                if not any("differs from the stored object" in r for r in reasons[key]):
+                    missing.append(f"{where}: no refused write of another driver's entry")
+                continue
+            for path in (*spec.paths.values(), *spec.forbidden):
+                dotted = ".".join(path)
+                if not any(dotted in reason for reason in reasons[key]):
+                    missing.append(f"{where}: no refusal names {dotted}")
+    for allowed in sorted({True, False} - discovery):
+        missing.append(f"discovery: no {'allowed' if allowed else 'refused'} case")
+    return missing
+
+
+def test_every_rule_of_the_default_policy_has_an_allowed_and_a_refused_case() -> None:
+    test_file = load_test_file(str(POLICIES / "default_test.yaml"))
+    assert Path(test_file.policy_path).resolve() == (POLICIES / "default.yaml").resolve()
+    assert uncovered(test_file) == []
+
+
+@pytest.mark.parametrize(
+    ("dropped", "reported"),
+    [
+        (r"^slice v1beta2 delete own", "resourceslices.resource.k8s.io v1beta2 delete: no allowed"),
+        (r"^pool watch pinned to", "devicepools.devmgmtproto.k8s.io v1alpha1 watch: no refused"),
+        (
+            r"^claim v1 (update status of another|patch of its spec)",
+            "claims.resource.k8s.io v1: no",
+        ),
+        (
+            r"^slice v1alpha2 (create for|delete|watch of) another node",
+            "v1alpha2: no refusal names nodeName",
+        ),
+        (r"^discovery (GET|HEAD)", "discovery: no allowed case"),
+    ],
+)
+def test_the_coverage_check_reports_a_rule_without_cases(dropped: str, reported: str) -> None:
+    test_file = load_test_file(str(POLICIES / "default_test.yaml"))
+    kept = tuple(c for c in test_file.cases if not re.search(dropped, c.name))
+    assert len(kept) < len(test_file.cases)
+    missing = uncovered(dataclasses.replace(test_file, cases=kept))
+    assert any(line.startswith(reported) or reported in line for line in missing), missing
+
+
+def test_the_policies_folder_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["test", str(POLICIES)])
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"[1-9][0-9]* passed, 0 failed", out[-1]), out[-5:]
+    assert code == 0
+    files = {line.split()[1].rsplit(":", 1)[0] for line in out if line.startswith("PASS")}
+    assert {Path(f).name for f in files} == {
+        "default_test.yaml",
+        "node-dash_test.yaml",
+        "new-kind-example_test.yaml",
+    }
