@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.testing import resource_slice
-from gatekeeper.testing.harness import GPU, KUBECTL
+from gatekeeper.testing.harness import GPU, KUBECTL, free_port
 
 
 @pytest.mark.kubectl
@@ -89,8 +89,6 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 @pytest.mark.kubectl
 async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
-    from tests.test_server import free_port
-
     workdir, port = tmp_path / "demo", free_port()
     process, lines = await _start_demo("--dir", str(workdir), "--port", str(port))
     try:
