@@ -9,11 +9,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
 from gatekeeper.limits import add_limit_arguments, limits_from_flags
+from gatekeeper.usage import UsageParser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -43,9 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 """Subcommands other than ``serve``: name → ("module:function(args) -> exit code", help)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"dra-gatekeeper: {message}\n")
+class _Parser(UsageParser):
+    command = "dra-gatekeeper"
 
 
 def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
