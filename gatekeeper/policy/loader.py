@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from importlib import resources
 from typing import Any
@@ -167,16 +167,7 @@ def _parse_kind(ctx: Context, key: str, raw: Any) -> KindSpec:
     allocated = rule is KindRule.ALLOCATED_TO_DRIVER
     own_node = rule is KindRule.OWN_NODE
     verbs_allowed = ALLOCATED_VERBS if allocated else OWN_NODE_VERBS if own_node else ALL_VERBS
-    verbs = frozenset(
-        ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), join_key(key, "verbs"))
-    )
-    if unknown := verbs - ALL_VERBS:
-        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
-        ctx.fail(
-            join_key(key, "verbs"),
-            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
-            f"(allowed: {', '.join(_allowed_verbs())})",
-        )
+    verbs = _parse_verbs(ctx, join_key(key, "verbs"), kind.get("verbs", sorted(verbs_allowed)))
     subresources = frozenset(
         ctx.string_list(kind.get("subresources", []), join_key(key, "subresources"))
     )
@@ -188,13 +179,7 @@ def _parse_kind(ctx: Context, key: str, raw: Any) -> KindSpec:
     if not isinstance(versions_raw, dict) or not versions_raw:
         ctx.fail(join_key(key, "versions"), "must be a non-empty mapping of version to field paths")
     separators = _pool_separators(ctx, join_key(key, "poolSeparators"), kind)
-    parse_version = (
-        _parse_allocation_version
-        if allocated
-        else _parse_own_node_version
-        if own_node
-        else partial(_parse_version, separators=separators)
-    )
+    parse_version = _version_parser(rule, separators)
     versions = {
         ctx.string(name, join_key(key, f"versions.{name}"), _VERSION): parse_version(
             ctx, join_key(key, f"versions.{name}"), spec
@@ -223,6 +208,29 @@ def _parse_kind(ctx: Context, key: str, raw: Any) -> KindSpec:
         fill=fill,
         pool_separators=separators,
     )
+
+
+def _parse_verbs(ctx: Context, key: str, raw: Any) -> frozenset[str]:
+    verbs = frozenset(ctx.string_list(raw, key))
+    if unknown := verbs - ALL_VERBS:
+        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
+        ctx.fail(
+            key,
+            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
+            f"(allowed: {', '.join(_allowed_verbs())})",
+        )
+    return verbs
+
+
+def _version_parser(
+    rule: KindRule, separators: tuple[str, ...]
+) -> Callable[[Context, str, Any], VersionSpec]:
+    """How one version of a kind under ``rule`` is read."""
+    if rule is KindRule.ALLOCATED_TO_DRIVER:
+        return _parse_allocation_version
+    if rule is KindRule.OWN_NODE:
+        return _parse_own_node_version
+    return partial(_parse_version, separators=separators)
 
 
 def _pool_separators(ctx: Context, key: str, kind: Mapping[str, Any]) -> tuple[str, ...]:
