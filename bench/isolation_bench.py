@@ -24,9 +24,7 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -34,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from gatekeeper.policy import load_policy
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.testing.harness import SERVE, free_port, token_kubeconfig, wait_ready
 
 NODE, GPU, NIC, TOKEN = "node-a", "gpu.example.com", "nic.example.com", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -61,41 +59,16 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_gatekeeper(url: str, work: Path) -> tuple[subprocess.Popen[bytes], int]:
-    kubeconfig = work / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-    }))  # fmt: skip
+    kubeconfig = token_kubeconfig(work / "kubeconfig", url, TOKEN)
     health = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "gatekeeper", "serve", "--node-name", NODE,
+        [*SERVE, "--node-name", NODE,
          "--driver", GPU, "--driver", NIC, "--socket-dir", str(work / "sockets"),
-         "--kubeconfig", str(kubeconfig), "--health-listen", f"127.0.0.1:{health}"],
+         "--kubeconfig", kubeconfig, "--health-listen", f"127.0.0.1:{health}"],
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     return process, health
-
-
-async def wait_ready(port: int) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(400):
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
-                    if ready.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise SystemExit("the gatekeeper did not become ready")
 
 
 def session(work: Path, driver: str) -> aiohttp.ClientSession:
@@ -235,7 +208,7 @@ async def main(seconds: float, workers: int) -> None:
     process, health = start_gatekeeper(url, work)
     results: dict[str, Any] = {}
     try:
-        await wait_ready(health)
+        await wait_ready(health, tries=400)
         results["rss_start_kib"] = rss_kib(process.pid)
         async with session(work, NIC) as nic:
             results["quiet"] = await steady(nic, seconds, workers)

@@ -8,12 +8,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
 from gatekeeper.limits import add_limit_arguments, limits_from_flags
 from gatekeeper.runtime import run
+from gatekeeper.usage import UsageParser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -43,12 +43,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 """Subcommands other than ``serve``: name → ("module:function(args) -> exit code", help)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"dra-gatekeeper: {message}\n")
+class _Parser(UsageParser):
+    command = "dra-gatekeeper"
 
 
 def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    _add_source_arguments(serve)
+    add_limit_arguments(serve)
+    _add_tls_arguments(serve)
+    _add_output_arguments(serve)
+
+
+def _add_source_arguments(serve: argparse.ArgumentParser) -> None:
+    """This node, its drivers and policy, the upstream's credentials, the driver sockets."""
     add = serve.add_argument
     add("--node-name", metavar="NAME", help="this node's name (default: env NODE_NAME)")
     add(
@@ -83,7 +90,11 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="group (name or gid) owning the driver sockets (0660) and directories (0750), "
         "so a non-root driver in that group can connect",
     )
-    add_limit_arguments(serve)
+
+
+def _add_tls_arguments(serve: argparse.ArgumentParser) -> None:
+    """The mTLS listener and its files."""
+    add = serve.add_argument
     add(
         "--listen",
         metavar="HOST:PORT",
@@ -104,6 +115,11 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="CA that signs driver client certificates (PEM), reloaded",
     )
+
+
+def _add_output_arguments(serve: argparse.ArgumentParser) -> None:
+    """Audit log, health listener, shutdown and certificate-expiry warnings."""
+    add = serve.add_argument
     add("--audit-log", metavar="FILE", help="audit log file, or - for stdout")
     add(
         "--audit-level",

@@ -122,30 +122,11 @@ def build_serve_config(
     environ: Mapping[str, str] = os.environ,
 ) -> ServeConfig:
     """Check everything ``serve`` was given; ConfigError (exit 2) on the first problem."""
-    node = node_name or environ.get("NODE_NAME", "")
-    if not node:
-        raise ConfigError("--node-name (or env NODE_NAME) is required")
-    if not is_dns_subdomain(node):
-        raise ConfigError(f"--node-name {node!r} is not a valid node name (DNS subdomain)")
-    for name in drivers:
-        if name != ANY_DRIVER and not is_driver_name(name):
-            raise ConfigError(f"--driver {name!r} is not a DNS subdomain driver name")
+    node = _check_node_and_drivers(node_name or environ.get("NODE_NAME", ""), drivers)
     extra = frozenset(drivers)
     policy = load_serve_policy(policy_path, extra)
-    if socket_dir is None and listen is None:
-        raise ConfigError(
-            "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
-        )
-    if socket_dir is not None and ANY_DRIVER in policy.drivers:
-        raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
-    try:
-        level = AuditLevel(audit_level)
-    except ValueError:
-        raise ConfigError(
-            f"--audit-level {audit_level!r} must be one of Metadata, Request, RequestResponse"
-        ) from None
-    audit = AuditSettings(audit_log, level, audit_max_size_mb, audit_max_backups)
-    _check_audit(audit)
+    _check_listeners(socket_dir, listen, policy)
+    audit = _audit_settings(audit_log, audit_level, audit_max_size_mb, audit_max_backups)
     if shutdown_grace < 0:
         raise ConfigError("--shutdown-grace-period must not be negative")
     return ServeConfig(
@@ -171,6 +152,38 @@ def build_serve_config(
         socket_group=resolve_group(socket_group),
         limits=fit_to_descriptors(limits.check()),
     )
+
+
+def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:
+    if not node:
+        raise ConfigError("--node-name (or env NODE_NAME) is required")
+    if not is_dns_subdomain(node):
+        raise ConfigError(f"--node-name {node!r} is not a valid node name (DNS subdomain)")
+    for name in drivers:
+        if name != ANY_DRIVER and not is_driver_name(name):
+            raise ConfigError(f"--driver {name!r} is not a DNS subdomain driver name")
+    return node
+
+
+def _check_listeners(socket_dir: str | None, listen: str | None, policy: Policy) -> None:
+    if socket_dir is None and listen is None:
+        raise ConfigError(
+            "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
+        )
+    if socket_dir is not None and ANY_DRIVER in policy.drivers:
+        raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
+
+
+def _audit_settings(path: str | None, level: str, max_size_mb: int, backups: int) -> AuditSettings:
+    try:
+        audit_level = AuditLevel(level)
+    except ValueError:
+        raise ConfigError(
+            f"--audit-level {level!r} must be one of Metadata, Request, RequestResponse"
+        ) from None
+    audit = AuditSettings(path, audit_level, max_size_mb, backups)
+    _check_audit(audit)
+    return audit
 
 
 def load_serve_policy(path: str | None, extra_drivers: frozenset[str]) -> Policy:

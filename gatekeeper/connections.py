@@ -94,9 +94,12 @@ class ConnectionGuard:
         """A Flow for an answer given before a request could be read (no identity yet: the
         caller, as counted for connection caps, goes in an annotation)."""
         flow = Flow(
-            method=method, raw_target="", source_ips=(), user_agent="",
+            method=method,
+            raw_target="",
+            source_ips=(),
+            user_agent="",
             node_name=self.gatekeeper.node_name,
-        )  # fmt: skip
+        )
         if caller:
             flow.annotations[CALLER_ANNOTATION] = caller
         return flow
@@ -260,36 +263,53 @@ class IsolationCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         guard = self._guard
-        refused = CounterMetricFamily(
-            "dra_gatekeeper_connections_refused",
-            "Connections answered 429 and closed at once (over a connection cap), by caller.",
-            labels=["caller"],
+        yield _by_caller(
+            CounterMetricFamily(
+                "dra_gatekeeper_connections_refused",
+                "Connections answered 429 and closed at once (over a connection cap), by caller.",
+                labels=["caller"],
+            ),
+            guard.refused,
         )
-        for caller, count in guard.refused.items():
-            refused.add_metric([caller], float(count))
-        yield refused
-        cut = CounterMetricFamily(
-            "dra_gatekeeper_header_timeouts",
-            "Connections closed because a request's headers did not arrive in time.",
+        yield _total(
+            CounterMetricFamily(
+                "dra_gatekeeper_header_timeouts",
+                "Connections closed because a request's headers did not arrive in time.",
+            ),
+            guard.header_timeouts,
         )
-        cut.add_metric([], float(guard.header_timeouts))
-        yield cut
-        malformed = CounterMetricFamily(
-            "dra_gatekeeper_malformed_requests",
-            "Requests aiohttp could not parse (answered with a Status and audited).",
+        yield _total(
+            CounterMetricFamily(
+                "dra_gatekeeper_malformed_requests",
+                "Requests aiohttp could not parse (answered with a Status and audited).",
+            ),
+            guard.malformed,
         )
-        malformed.add_metric([], float(guard.malformed))
-        yield malformed
-        dropped = CounterMetricFamily(
-            "dra_gatekeeper_unevaluable_objects_dropped",
-            "Objects left out of filtered answers because they could not be evaluated.",
+        yield _total(
+            CounterMetricFamily(
+                "dra_gatekeeper_unevaluable_objects_dropped",
+                "Objects left out of filtered answers because they could not be evaluated.",
+            ),
+            DROPPED.value,
         )
-        dropped.add_metric([], float(DROPPED.value))
-        yield dropped
-        open_ = GaugeMetricFamily(
-            "dra_gatekeeper_connections_open", "Open driver connections, by caller.",
-            labels=["caller"],
-        )  # fmt: skip
-        for caller, count in guard.open.items():
-            open_.add_metric([caller], float(count))
-        yield open_
+        yield _by_caller(
+            GaugeMetricFamily(
+                "dra_gatekeeper_connections_open",
+                "Open driver connections, by caller.",
+                labels=["caller"],
+            ),
+            guard.open,
+        )
+
+
+def _total(family: CounterMetricFamily, value: int) -> CounterMetricFamily:
+    family.add_metric([], float(value))
+    return family
+
+
+def _by_caller(
+    family: CounterMetricFamily | GaugeMetricFamily, counts: Counter[str]
+) -> CounterMetricFamily | GaugeMetricFamily:
+    for caller, count in counts.items():
+        family.add_metric([caller], float(count))
+    return family

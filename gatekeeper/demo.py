@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
@@ -27,6 +27,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, run_until_signal, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.usage import UsageParser
 
 __all__ = ["CHANGE_AFTER_SECONDS", "DEMO_DRIVER", "DEMO_NODE", "run_demo_command"]
 
@@ -38,9 +39,8 @@ _PROG = "dra-gatekeeper demo"
 _SELECTOR = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{_PROG}: {message}\n")
+class _Parser(UsageParser):
+    command = _PROG
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER, KindRule, KindSpec
+from gatekeeper.usage import UsageParser
 
 __all__ = ["ROLE_NAME", "cluster_role", "render_cluster_role", "run_policy_command"]
 
@@ -96,9 +97,8 @@ def render_cluster_role(policy: Policy, name: str = ROLE_NAME) -> str:
     return header + body
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{_PROG}: {message}\n")
+class _Parser(UsageParser):
+    command = _PROG
 
 
 def _parser() -> argparse.ArgumentParser:

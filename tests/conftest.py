@@ -11,7 +11,6 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,7 +24,6 @@ from gatekeeper.testing.harness import (
     NODE_TOKEN,
     PKI,
     Kubectl,
-    RecordingSink,
     Running,
     running_gatekeeper,
     write_kubeconfig,
@@ -40,13 +38,6 @@ settings.register_profile(
     "long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("GATEKEEPER_HYPOTHESIS_PROFILE", "ci"))
-
-
-class MemorySink(RecordingSink):
-    """A :class:`RecordingSink` whose events can be looked up by audit ID."""
-
-    def by_id(self, audit_id: str) -> list[dict[str, Any]]:
-        return [event for event in self.events if event["auditID"] == audit_id]
 
 
 def pytest_configure(config: pytest.Config) -> None:

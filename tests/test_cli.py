@@ -5,43 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, NODE_TOKEN
-
-SERVE = [sys.executable, "-m", "gatekeeper", "serve"]
-
-
-async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
-    )
-    _, err = await asyncio.wait_for(process.communicate(), 30)
-    return process.returncode or 0, err.decode()
-
-
-def kubeconfig(path: Path, server: str | None) -> str:
-    cluster = {"server": server} if server else {}
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "k", "cluster": cluster}],
-                "users": [{"name": "u", "user": {"token": NODE_TOKEN}}],
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-            }
-        )
-    )
-    return str(path)
+from gatekeeper.testing.harness import (
+    GPU,
+    SERVE,
+    free_port,
+    run_process,
+    token_kubeconfig,
+)
 
 
 @pytest.mark.parametrize(
@@ -101,8 +78,8 @@ def kubeconfig(path: Path, server: str | None) -> str:
 async def test_bad_configuration_exits_2_with_one_line(
     tmp_path: Path, extra: list[str], message: str
 ) -> None:
-    config = kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443")
-    code, err = await run(*SERVE, "--kubeconfig", config, *extra, env={"PATH": "/usr/bin"})
+    config = token_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443")
+    code, err = await run_process(*SERVE, "--kubeconfig", config, *extra, env={"PATH": "/usr/bin"})
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
@@ -112,23 +89,19 @@ async def test_invalid_policy_and_kubeconfig_are_named(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("kinds:\n  - group: x\n    resurce: y\n")
     args = ["--node-name", "n", "--driver", GPU, "--socket-dir", str(tmp_path)]
-    code, err = await run(
+    code, err = await run_process(
         *SERVE,
         *args,
         "--policy",
         str(policy),
         "--kubeconfig",
-        kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443"),
+        token_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443"),
     )
     assert code == 2 and f"{policy}: kinds[0].resurce: unknown key" in err
-    code, err = await run(*SERVE, *args, "--kubeconfig", kubeconfig(tmp_path / "kc2", None))
+    code, err = await run_process(
+        *SERVE, *args, "--kubeconfig", token_kubeconfig(tmp_path / "kc2", None)
+    )
     assert code == 2 and "server" in err and "kc2" in err
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def test_serve_runs_and_stops_on_sigterm(apiserver: APIServer, tmp_path: Path) -> None:
@@ -143,7 +116,7 @@ async def test_serve_runs_and_stops_on_sigterm(apiserver: APIServer, tmp_path: P
         "--socket-dir",
         str(sockets),
         "--kubeconfig",
-        kubeconfig(tmp_path / "kc", apiserver.url),
+        token_kubeconfig(tmp_path / "kc", apiserver.url),
         "--health-listen",
         f"127.0.0.1:{health}",
         "--audit-log",

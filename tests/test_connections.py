@@ -14,8 +14,7 @@ import pytest
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, NIC, PKI, Running, running_gatekeeper
-from tests.conftest import MemorySink
+from gatekeeper.testing.harness import GPU, NIC, PKI, RecordingSink, Running, running_gatekeeper
 from tests.rawhttp import build_request, send_raw
 
 LIMITS = Limits(connections_per_driver=8, connections_total=20, header_timeout=0.5)
@@ -24,8 +23,8 @@ LIMITS = Limits(connections_per_driver=8, connections_total=20, header_timeout=0
 @pytest.fixture
 async def guarded(
     apiserver: APIServer, policy: Policy, pki: PKI
-) -> AsyncIterator[tuple[Running, MemorySink]]:
-    sink = MemorySink()
+) -> AsyncIterator[tuple[Running, RecordingSink]]:
+    sink = RecordingSink()
     async with running_gatekeeper(
         apiserver, policy, pki, audit_sink=sink, limits=LIMITS
     ) as running:
@@ -43,7 +42,9 @@ async def _open(path: Path, count: int, data: bytes = b"") -> list[asyncio.Strea
     return writers
 
 
-async def test_one_driver_cannot_hold_every_connection(guarded: tuple[Running, MemorySink]) -> None:
+async def test_one_driver_cannot_hold_every_connection(
+    guarded: tuple[Running, RecordingSink],
+) -> None:
     running, _ = guarded
     held = await _open(running.socket_path(GPU), 8, b"GET /version HTTP/1.1\r\nHo")
     try:
@@ -78,7 +79,7 @@ async def test_the_total_cap_holds_before_descriptors_run_out(
             writer.close()
 
 
-async def test_slowloris_connections_are_closed(guarded: tuple[Running, MemorySink]) -> None:
+async def test_slowloris_connections_are_closed(guarded: tuple[Running, RecordingSink]) -> None:
     running, _ = guarded
     reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
     writer.write(b"GET /version HTTP/1.1\r\nHost: x\r\n")  # the headers never end
@@ -90,7 +91,7 @@ async def test_slowloris_connections_are_closed(guarded: tuple[Running, MemorySi
     assert after.status == 200
 
 
-async def test_a_slow_body_is_not_a_header_timeout(guarded: tuple[Running, MemorySink]) -> None:
+async def test_a_slow_body_is_not_a_header_timeout(guarded: tuple[Running, RecordingSink]) -> None:
     """Headers complete at once; the body trickles in slower than the header timeout."""
     running, _ = guarded
     body = b'{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice"}'
@@ -109,7 +110,7 @@ async def test_a_slow_body_is_not_a_header_timeout(guarded: tuple[Running, Memor
 
 
 async def test_malformed_requests_are_a_status_and_an_event(
-    guarded: tuple[Running, MemorySink],
+    guarded: tuple[Running, RecordingSink],
 ) -> None:
     running, sink = guarded
     raw = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
@@ -148,7 +149,7 @@ async def test_a_body_that_never_completes_is_408(
     apiserver: APIServer, policy: Policy, pki: PKI
 ) -> None:
     limits = Limits(body_timeout=0.3)
-    sink = MemorySink()
+    sink = RecordingSink()
     async with running_gatekeeper(
         apiserver, policy, pki, limits=limits, audit_sink=sink
     ) as running:

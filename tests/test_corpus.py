@@ -15,8 +15,15 @@ import yaml
 
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer, resource_slice
-from gatekeeper.testing.harness import GPU, NIC, NODE, PKI, Running, running_gatekeeper
-from tests.conftest import MemorySink
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    PKI,
+    RecordingSink,
+    Running,
+    running_gatekeeper,
+)
 from tests.rawhttp import build_request, send_raw_all
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -83,17 +90,17 @@ def _audit_id(headers: dict[str, str]) -> str:
 @pytest.fixture
 async def stack(
     apiserver: APIServer, policy: Policy, pki: PKI
-) -> AsyncIterator[tuple[Running, MemorySink]]:
+) -> AsyncIterator[tuple[Running, RecordingSink]]:
     apiserver.add(resource_slice("node-a-gpu", driver=GPU, node=NODE, pool=NODE))
     apiserver.add(resource_slice("node-a-nic", driver=NIC, node=NODE, pool=NODE))
-    sink = MemorySink()
+    sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
         yield running, sink
 
 
 @pytest.mark.parametrize("entry", [e for _, e in ENTRIES], ids=[i for i, _ in ENTRIES])
 async def test_corpus_entry_is_refused_and_never_reaches_the_apiserver(
-    entry: dict[str, Any], stack: tuple[Running, MemorySink], apiserver: APIServer
+    entry: dict[str, Any], stack: tuple[Running, RecordingSink], apiserver: APIServer
 ) -> None:
     running, sink = stack
     before = len(apiserver.journal)

@@ -18,8 +18,7 @@ from gatekeeper.audit import AuditLevel
 from gatekeeper.config import AuditSettings
 from gatekeeper.filtering import DROPPED_ANNOTATION
 from gatekeeper.policy import Policy
-from gatekeeper.testing.harness import GPU, NODE, PKI, running_gatekeeper
-from tests.conftest import MemorySink
+from gatekeeper.testing.harness import GPU, NODE, PKI, RecordingSink, running_gatekeeper
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -108,8 +107,8 @@ async def deep_upstream() -> AsyncIterator[DeepUpstream]:
 @pytest.fixture
 async def deep_gatekeeper(
     deep_upstream: DeepUpstream, policy: Policy, pki: PKI
-) -> AsyncIterator[tuple[Any, MemorySink]]:
-    sink = MemorySink()
+) -> AsyncIterator[tuple[Any, RecordingSink]]:
+    sink = RecordingSink()
     async with running_gatekeeper(
         deep_upstream,  # type: ignore[arg-type]
         policy,
@@ -125,7 +124,7 @@ def _names(document: dict[str, Any]) -> list[str]:
 
 
 async def test_filtered_list_drops_the_deep_claim_and_serves_the_rest(
-    deep_gatekeeper: tuple[Any, MemorySink],
+    deep_gatekeeper: tuple[Any, RecordingSink],
 ) -> None:
     running, sink = deep_gatekeeper
     before = filtering.DROPPED.value
@@ -139,7 +138,7 @@ async def test_filtered_list_drops_the_deep_claim_and_serves_the_rest(
 
 
 async def test_filtered_watch_drops_the_deep_claim_and_goes_on(
-    deep_gatekeeper: tuple[Any, MemorySink],
+    deep_gatekeeper: tuple[Any, RecordingSink],
 ) -> None:
     running, sink = deep_gatekeeper
     async with (
@@ -156,7 +155,7 @@ async def test_filtered_watch_drops_the_deep_claim_and_goes_on(
 
 
 async def test_get_of_the_deep_claim_is_a_502_status(
-    deep_gatekeeper: tuple[Any, MemorySink],
+    deep_gatekeeper: tuple[Any, RecordingSink],
 ) -> None:
     """A get fetches the stored object to decide: one too deep to evaluate is not shown."""
     running, _ = deep_gatekeeper
@@ -168,7 +167,7 @@ async def test_get_of_the_deep_claim_is_a_502_status(
 
 
 async def test_fetch_of_a_deep_stored_object_is_a_502_status(
-    deep_gatekeeper: tuple[Any, MemorySink], deep_upstream: DeepUpstream
+    deep_gatekeeper: tuple[Any, RecordingSink], deep_upstream: DeepUpstream
 ) -> None:
     running, sink = deep_gatekeeper
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "status": {}}
@@ -185,7 +184,7 @@ async def test_fetch_of_a_deep_stored_object_is_a_502_status(
 
 
 async def test_deep_unfiltered_list_passes_and_is_audited_without_its_body(
-    deep_gatekeeper: tuple[Any, MemorySink],
+    deep_gatekeeper: tuple[Any, RecordingSink],
 ) -> None:
     """RequestResponse level: an unfiltered answer too deep to log keeps metadata only."""
     running, sink = deep_gatekeeper

@@ -14,8 +14,7 @@ from gatekeeper.expiry import CertificateExpiry
 from gatekeeper.metrics import Metrics
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, PKI, running_gatekeeper
-from tests.test_health import value
+from gatekeeper.testing.harness import GPU, PKI, metric_value, running_gatekeeper
 
 DAY = 86400.0
 
@@ -36,8 +35,12 @@ async def test_a_driver_certificate_close_to_expiry_is_logged_once_and_exported(
                 async with session.get("/version") as response:
                     assert response.status == 200
         text = running.server.metrics.render().decode()
-    assert value(text, "dra_gatekeeper_certificate_expiring", certificate=f"client:{GPU}") == 1
-    left = value(text, "dra_gatekeeper_certificate_expiry_seconds", certificate=f"client:{GPU}")
+    assert (
+        metric_value(text, "dra_gatekeeper_certificate_expiring", certificate=f"client:{GPU}") == 1
+    )
+    left = metric_value(
+        text, "dra_gatekeeper_certificate_expiry_seconds", certificate=f"client:{GPU}"
+    )
     assert DAY < left <= 2 * DAY
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == [warnings[0]] and warnings[0].startswith(
@@ -57,10 +60,18 @@ def test_client_certificates_far_from_expiry_are_exported_not_logged(
     expiry.observe_client("b.example", "Jan 10 00:00:00 2030 GMT")
     expiry.observe_client("c.example", "not a time")
     text = metrics.render().decode()
-    assert value(text, "dra_gatekeeper_certificate_expiring", certificate="client:a.example") == 0
-    assert value(text, "dra_gatekeeper_certificate_expiring", certificate="client:b.example") == 1
     assert (
-        value(text, "dra_gatekeeper_certificate_expiry_seconds", certificate="client:b.example")
+        metric_value(text, "dra_gatekeeper_certificate_expiring", certificate="client:a.example")
+        == 0
+    )
+    assert (
+        metric_value(text, "dra_gatekeeper_certificate_expiring", certificate="client:b.example")
+        == 1
+    )
+    assert (
+        metric_value(
+            text, "dra_gatekeeper_certificate_expiry_seconds", certificate="client:b.example"
+        )
         == 9 * DAY
     )
     assert [r.getMessage() for r in caplog.records] == [

@@ -17,19 +17,21 @@ from gatekeeper.audit import JsonLinesWriter
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.testing import APIServer, served_kinds
-from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, running_gatekeeper
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PKI,
+    free_port,
+    running_gatekeeper,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = {"fieldSelector": f"spec.nodeName={NODE},spec.driver={GPU}"}
 FAST = Limits(upstream_timeout=0.5, upstream_connect_timeout=0.5, upstream_wait=0.5)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def stub(handler: Handler) -> tuple[asyncio.Server, str]:

@@ -10,29 +10,25 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gatekeeper.certs import create_ca, issue_client_cert, write_pem
 from gatekeeper.config import AuditSettings
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PKI,
+    Running,
+    metric_samples,
+    metric_value,
+    running_gatekeeper,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the exposition text, parsed by prometheus-client's own parser."""
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def get(running: Running, path: str) -> tuple[int, str]:
@@ -76,7 +72,7 @@ async def test_readiness_follows_the_upstream(
         status, text = await get(running, "/readyz")
         assert status == 503 and "upstream" in text and "unreachable" in text
         metrics = (await get(running, "/metrics"))[1]
-        assert value(metrics, "dra_gatekeeper_ready") == 0
+        assert metric_value(metrics, "dra_gatekeeper_ready") == 0
         # Requests fail meanwhile (503); the probe says so before a driver finds out.
         async with running.unix_session(GPU) as session, session.get("/version") as response:
             assert response.status == 503
@@ -84,7 +80,7 @@ async def test_readiness_follows_the_upstream(
         await back.start(port=port)
         try:
             assert await get(running, "/readyz") == (200, "ok")
-            assert value((await get(running, "/metrics"))[1], "dra_gatekeeper_ready") == 1
+            assert metric_value((await get(running, "/metrics"))[1], "dra_gatekeeper_ready") == 1
         finally:
             await back.close()
     messages = [record.getMessage() for record in caplog.records]
@@ -111,7 +107,7 @@ async def test_metrics_move_with_requests(health: Running, apiserver: APIServer)
     labels = {"driver": GPU, "verb": "list", "resource": "resourceslices"}
     allowed = {**labels, "decision": "allow", "code": "200"}
     refused = {**labels, "decision": "forbid", "code": "403"}
-    assert value(first, "dra_gatekeeper_requests_total", **allowed) == 0
+    assert metric_value(first, "dra_gatekeeper_requests_total", **allowed) == 0
     async with health.unix_session(GPU) as session:
         for _ in range(3):
             async with session.get(f"{SLICES}?{PINNED}") as response:
@@ -119,19 +115,21 @@ async def test_metrics_move_with_requests(health: Running, apiserver: APIServer)
         async with session.get(SLICES) as response:
             assert response.status == 403
     text = (await get(health, "/metrics"))[1]
-    assert value(text, "dra_gatekeeper_requests_total", **allowed) == 3
-    assert value(text, "dra_gatekeeper_requests_total", **refused) == 1
+    assert metric_value(text, "dra_gatekeeper_requests_total", **allowed) == 3
+    assert metric_value(text, "dra_gatekeeper_requests_total", **refused) == 1
     refusals = [
         (name, dict(labels))
-        for (name, labels), v in samples(text).items()
+        for (name, labels), v in metric_samples(text).items()
         if name == "dra_gatekeeper_refusals_total" and v == 1
     ]
     assert len(refusals) == 1 and refusals[0][1]["driver"] == GPU
-    count = value(text, "dra_gatekeeper_upstream_request_duration_seconds_count", method="GET")
+    count = metric_value(
+        text, "dra_gatekeeper_upstream_request_duration_seconds_count", method="GET"
+    )
     assert count >= 3
-    assert value(text, "dra_gatekeeper_audit_queue_depth") >= 0
-    assert ("dra_gatekeeper_audit_write_errors_total", ()) in samples(text)
-    assert value(text, "dra_gatekeeper_requests_in_flight", driver=GPU) == 0
+    assert metric_value(text, "dra_gatekeeper_audit_queue_depth") >= 0
+    assert ("dra_gatekeeper_audit_write_errors_total", ()) in metric_samples(text)
+    assert metric_value(text, "dra_gatekeeper_requests_in_flight", driver=GPU) == 0
 
 
 async def test_open_watches_and_in_flight_per_driver(health: Running) -> None:
@@ -140,15 +138,15 @@ async def test_open_watches_and_in_flight_per_driver(health: Running) -> None:
         async with session.get(f"{SLICES}?{selector}&watch=true") as watch:
             assert watch.status == 200
             text = (await get(health, "/metrics"))[1]
-            assert value(text, "dra_gatekeeper_watches_open", driver=NIC) == 1
-            assert value(text, "dra_gatekeeper_requests_in_flight", driver=NIC) == 1
+            assert metric_value(text, "dra_gatekeeper_watches_open", driver=NIC) == 1
+            assert metric_value(text, "dra_gatekeeper_requests_in_flight", driver=NIC) == 1
     for _ in range(100):
         text = (await get(health, "/metrics"))[1]
-        if value(text, "dra_gatekeeper_watches_open", driver=NIC) == 0:
+        if metric_value(text, "dra_gatekeeper_watches_open", driver=NIC) == 0:
             break
         await asyncio.sleep(0.05)
-    assert value(text, "dra_gatekeeper_watches_open", driver=NIC) == 0
-    assert value(text, "dra_gatekeeper_requests_in_flight", driver=NIC) == 0
+    assert metric_value(text, "dra_gatekeeper_watches_open", driver=NIC) == 0
+    assert metric_value(text, "dra_gatekeeper_requests_in_flight", driver=NIC) == 0
 
 
 async def test_client_certificate_from_another_ca_is_counted_and_logged_once(
@@ -178,7 +176,7 @@ async def test_client_certificate_from_another_ca_is_counted_and_logged_once(
         text = (await get(health, "/metrics"))[1]
         failures = sum(
             v
-            for (name, _), v in samples(text).items()
+            for (name, _), v in metric_samples(text).items()
             if name == "dra_gatekeeper_tls_handshake_failures_total"
         )
         if failures >= 3:

@@ -13,8 +13,16 @@ import aiohttp
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, NIC, NODE, PKI, Running, running_gatekeeper, seed
-from tests.conftest import MemorySink
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    PKI,
+    RecordingSink,
+    Running,
+    running_gatekeeper,
+    seed,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # A list at a resourceVersion the store has not reached waits (the apiserver: 3 s, then 504):
@@ -29,9 +37,9 @@ def pinned(driver: str, **extra: str) -> dict[str, str]:
 @asynccontextmanager
 async def started(
     apiserver: APIServer, policy: Policy, pki: PKI, limits: Limits
-) -> AsyncIterator[tuple[Running, MemorySink]]:
+) -> AsyncIterator[tuple[Running, RecordingSink]]:
     apiserver.rv_wait_seconds = 5.0
-    sink = MemorySink()
+    sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink, limits=limits) as gk:
         yield gk, sink
 
@@ -140,7 +148,7 @@ async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_f
 ) -> None:
     """A fault after the decision (here: while forwarding) is a 500 Status, not aiohttp's
     text/plain; the event keeps the decision reached (allow) and names the error."""
-    sink = MemorySink()
+    sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
         upstream = gk.server.gatekeeper.upstream
 

@@ -24,8 +24,16 @@ from gatekeeper.listeners import SocketListeners
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN
-from tests.test_cli import SERVE, free_port, kubeconfig
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    SERVE,
+    free_port,
+    token_kubeconfig,
+    wait_ready,
+)
 
 
 @asynccontextmanager
@@ -160,24 +168,11 @@ def test_the_directory_lock_names_the_holder(tmp_path: Path) -> None:
     second.close()
 
 
-async def _wait_ready(port: int) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
-                    if ready.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("the first instance never became ready")
-
-
 async def test_second_instance_exits_2_and_the_first_keeps_its_sockets(
     apiserver: APIServer, tmp_path: Path
 ) -> None:
     sockets = tmp_path / "s"
-    config = kubeconfig(tmp_path / "kc", apiserver.url)
+    config = token_kubeconfig(tmp_path / "kc", apiserver.url)
     common = ["--node-name", NODE, "--driver", GPU, "--socket-dir", str(sockets)]
     health = free_port()
     first = await asyncio.create_subprocess_exec(
@@ -185,7 +180,7 @@ async def test_second_instance_exits_2_and_the_first_keeps_its_sockets(
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        await _wait_ready(health)
+        await wait_ready(health)
         second = await asyncio.create_subprocess_exec(
             *SERVE, *common, "--kubeconfig", config, stderr=asyncio.subprocess.PIPE
         )

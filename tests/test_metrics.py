@@ -8,7 +8,7 @@ import pytest
 
 from gatekeeper.audit import NullSink
 from gatekeeper.metrics import MeteredSink, Metrics
-from tests.test_health import samples, value
+from gatekeeper.testing.harness import metric_samples, metric_value
 
 
 def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def test_record_event(
     metrics = Metrics()
     for item in events:
         metrics.record_event(item)
-    assert value(metrics.render().decode(), name, **labels) == expected
+    assert metric_value(metrics.render().decode(), name, **labels) == expected
 
 
 def test_refusal_reasons_are_bounded() -> None:
@@ -103,7 +103,7 @@ def test_refusal_reasons_are_bounded() -> None:
         )
     reasons = {
         dict(labels)["reason"]
-        for (name, labels) in samples(metrics.render().decode())
+        for (name, labels) in metric_samples(metrics.render().decode())
         if name == "dra_gatekeeper_refusals_total"
     }
     assert len(reasons) == 201 and "other" in reasons
@@ -124,7 +124,7 @@ async def test_metered_sink_counts_and_passes_every_event_on() -> None:
     assert len(seen) == 2
     total = sum(
         v
-        for (name, _), v in samples(metrics.render().decode()).items()
+        for (name, _), v in metric_samples(metrics.render().decode()).items()
         if name == "dra_gatekeeper_requests_total"
     )
     assert total == 2

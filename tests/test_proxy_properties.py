@@ -20,8 +20,15 @@ from hypothesis import strategies as st
 from gatekeeper.policy import Policy
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
-from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, running_gatekeeper
-from tests.conftest import MemorySink
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    PKI,
+    RecordingSink,
+    running_gatekeeper,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
@@ -124,7 +131,7 @@ async def _run(
     sequence: list[tuple[str, str, str, Any]],
     apiserver: APIServer,
     sessions: dict[str, aiohttp.ClientSession],
-    sink: MemorySink,
+    sink: RecordingSink,
 ) -> None:
     for driver, method, target, body in sequence:
         before = len(apiserver.journal)
@@ -148,12 +155,12 @@ async def _run(
 def test_refused_requests_never_reach_the_apiserver(policy: Policy, pki: PKI) -> None:
     loop = asyncio.new_event_loop()
 
-    async def start() -> tuple[APIServer, Any, dict[str, aiohttp.ClientSession], MemorySink]:
+    async def start() -> tuple[APIServer, Any, dict[str, aiohttp.ClientSession], RecordingSink]:
         apiserver = APIServer(served_kinds(policy), token=NODE_TOKEN)
         await apiserver.start()
         apiserver.add(resource_slice("node-a-gpu", driver=GPU, node=NODE, pool=NODE))
         apiserver.add(resource_slice("node-a-nic", driver=NIC, node=NODE, pool="node-a/nic"))
-        sink = MemorySink()
+        sink = RecordingSink()
         context = running_gatekeeper(apiserver, policy, pki, audit_sink=sink)
         running = await context.__aenter__()
         sessions = {driver: running.unix_session(driver) for driver in DRIVERS}

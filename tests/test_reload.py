@@ -27,11 +27,11 @@ from gatekeeper.testing.harness import (
     NODE,
     PKI,
     Running,
+    metric_value,
     running_gatekeeper,
     serve_config,
 )
 from gatekeeper.tls import TLSFiles
-from tests.test_health import value
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
@@ -86,8 +86,10 @@ async def test_invalid_policy_is_refused_and_the_old_one_keeps_serving(
         assert gk.server.engine.policy is policy
         assert await list_status(gk) == 200
         text = metrics_text(gk)
-        assert value(text, "dra_gatekeeper_reloads_total", file="policy", result="error") == 1
-        assert value(text, "dra_gatekeeper_reloads_total", file="policy", result="ok") == 0
+        assert (
+            metric_value(text, "dra_gatekeeper_reloads_total", file="policy", result="error") == 1
+        )
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="policy", result="ok") == 0
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert errors[0].startswith("policy reload refused, keeping the previous policy: ")
@@ -113,7 +115,9 @@ async def test_stricter_policy_refuses_at_once_without_dropping_in_flight(
             apiserver.add(resource_slice(f"{NODE}-new", driver=GPU, node=NODE))
             line = await asyncio.wait_for(watch.content.readline(), 10)
             assert b'"ADDED"' in line and f"{NODE}-new".encode() in line
-        assert value(metrics_text(gk), "dra_gatekeeper_reloads_total", file="policy", result="ok")
+        assert metric_value(
+            metrics_text(gk), "dra_gatekeeper_reloads_total", file="policy", result="ok"
+        )
 
 
 async def test_in_flight_write_completes_across_a_reload(
@@ -170,7 +174,9 @@ async def test_configmap_symlink_swap_is_picked_up(
 
         async def reloaded() -> bool:
             return bool(
-                value(metrics_text(gk), "dra_gatekeeper_reloads_total", file="policy", result="ok")
+                metric_value(
+                    metrics_text(gk), "dra_gatekeeper_reloads_total", file="policy", result="ok"
+                )
             )
 
         await until(reloaded)
@@ -226,7 +232,7 @@ async def test_token_file_change_is_used_for_the_next_request(
         await server.reloader.reload(force=False)
         assert await list_status(running) == 200
         text = metrics_text(running)
-        assert value(text, "dra_gatekeeper_reloads_total", file="token", result="ok") == 1
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="token", result="ok") == 1
     finally:
         await server.stop()
         await upstream.close()
@@ -286,13 +292,13 @@ async def test_serving_cert_and_client_ca_reload(
         assert await _tls_status(running, files, "new-client", new_ca_file) == 200
         assert await _tls_status(running, files, "old-client", old_ca_file) != 200
         text = metrics_text(running)
-        assert value(text, "dra_gatekeeper_reloads_total", file="tls", result="ok") == 1
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="tls", result="ok") == 1
         # A broken file is refused; the current files keep serving.
         (files / "ca.crt").write_text("garbage")
         await running.server.reloader.reload(force=False)
         assert await _tls_status(running, files, "new-client", new_ca_file) == 200
         text = metrics_text(running)
-        assert value(text, "dra_gatekeeper_reloads_total", file="tls", result="error") == 1
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="tls", result="error") == 1
 
 
 async def test_certificate_close_to_expiry_is_logged_and_exported(
@@ -310,9 +316,9 @@ async def test_certificate_close_to_expiry_is_logged_and_exported(
         apiserver, policy, pki, listen_tls=tls, cert_expiry_warning=7 * 86400.0
     ) as running:
         text = metrics_text(running)
-    assert value(text, "dra_gatekeeper_certificate_expiring", certificate="serving") == 1
-    assert value(text, "dra_gatekeeper_certificate_expiring", certificate="client-ca") == 0
-    left = value(text, "dra_gatekeeper_certificate_expiry_seconds", certificate="serving")
+    assert metric_value(text, "dra_gatekeeper_certificate_expiring", certificate="serving") == 1
+    assert metric_value(text, "dra_gatekeeper_certificate_expiring", certificate="client-ca") == 0
+    left = metric_value(text, "dra_gatekeeper_certificate_expiry_seconds", certificate="serving")
     assert 86400 < left <= 2 * 86400
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1

@@ -19,8 +19,18 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy
 from gatekeeper.server import GatekeeperServer, socket_path
 from gatekeeper.testing import APIServer
-from gatekeeper.testing.harness import GPU, NIC, NODE_TOKEN, PKI, running_gatekeeper, serve_config
-from tests.test_cli import SERVE, kubeconfig, run
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE_TOKEN,
+    PKI,
+    SERVE,
+    free_port,
+    run_process,
+    running_gatekeeper,
+    serve_config,
+    token_kubeconfig,
+)
 
 
 @pytest.fixture
@@ -30,12 +40,6 @@ def busy_port() -> Iterator[int]:
         other.bind(("127.0.0.1", 0))
         other.listen()
         yield other.getsockname()[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def refuses_tcp(port: int) -> bool:
@@ -66,7 +70,7 @@ def unwritable_dir(tmp_path: Path) -> str:
 def _serve_args(tmp_path: Path, pki: PKI, sockets: str, listen: int, health: int) -> list[str]:
     return [
         *("--node-name", "node-a", "--driver", GPU, "--driver", NIC),
-        *("--kubeconfig", kubeconfig(tmp_path / "kc", "http://127.0.0.1:1")),
+        *("--kubeconfig", token_kubeconfig(tmp_path / "kc", "http://127.0.0.1:1")),
         *("--socket-dir", sockets, "--listen", f"127.0.0.1:{listen}"),
         *("--tls-cert-file", pki.path("server.crt"), "--tls-key-file", pki.path("server.key")),
         *("--client-ca-file", pki.path("ca.crt"), "--health-listen", f"127.0.0.1:{health}"),
@@ -126,7 +130,7 @@ async def test_startup_failure_exits_2_with_one_line_and_nothing_listening(
         extra = ["--kubeconfig", str(config)]
         expected = f"tokenFile: {tmp_path / 'token'}: cannot read"
     args = [*_serve_args(tmp_path, pki, sockets, listen, health), *extra]
-    code, err = await run(*SERVE, *args)
+    code, err = await run_process(*SERVE, *args)
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("dra-gatekeeper: ") and expected in err, err

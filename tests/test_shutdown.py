@@ -11,25 +11,10 @@ from pathlib import Path
 import aiohttp
 
 from gatekeeper.testing import APIServer, resource_slice
-from gatekeeper.testing.harness import GPU, NODE
-from tests.test_cli import SERVE, kubeconfig
-from tests.test_server import free_port
+from gatekeeper.testing.harness import GPU, NODE, SERVE, free_port, token_kubeconfig, wait_ready
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
-
-
-async def wait_ready(port: int) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/readyz") as ready:
-                    if ready.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("serve did not become ready")
 
 
 async def test_sigterm_finishes_the_write_ends_the_watch_and_flushes_the_audit(
@@ -39,7 +24,7 @@ async def test_sigterm_finishes_the_write_ends_the_watch_and_flushes_the_audit(
     process = await asyncio.create_subprocess_exec(
         *SERVE,
         *("--node-name", NODE, "--driver", GPU, "--socket-dir", str(sockets)),
-        *("--kubeconfig", kubeconfig(tmp_path / "kc", apiserver.url)),
+        *("--kubeconfig", token_kubeconfig(tmp_path / "kc", apiserver.url)),
         *("--health-listen", f"127.0.0.1:{health}", "--audit-log", str(audit)),
         *("--shutdown-grace-period", "20"),
         stderr=asyncio.subprocess.PIPE,

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import sys
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
 
 from gatekeeper.audit.check import check_records, format_report
 from gatekeeper.audit.generate import generate_policy
@@ -20,6 +19,7 @@ from gatekeeper.audit.reader import ReadStats, Record, iter_events, iter_records
 from gatekeeper.audit.summarize import format_table, summarize, summary_json
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import load_policy
+from gatekeeper.usage import UsageParser
 
 __all__ = ["EXIT_EMPTY", "run_audit_command"]
 
@@ -28,9 +28,8 @@ EXIT_EMPTY = 3
 """``check`` re-decided nothing: a gate that checked nothing must not pass."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{_PROG}: {message}\n")
+class _Parser(UsageParser):
+    command = _PROG
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from importlib import resources
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.jsonpath import FieldPath, parse_field_path
+from gatekeeper.jsonpath import FieldPath
 from gatekeeper.names import is_dns_subdomain, is_driver_name
+from gatekeeper.policy._context import Context, join_key, parse_enum
 from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
@@ -112,7 +113,7 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         doc = yaml.load(stream, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from exc
-    ctx = _Context(source)
+    ctx = Context(source)
     top = ctx.mapping(doc, "", _TOP_KEYS)
     if top.get("apiVersion", _API_VERSION) != _API_VERSION:
         ctx.fail("apiVersion", f"must be {_API_VERSION}")
@@ -134,43 +135,6 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     return Policy(kinds=kinds, drivers=drivers, source=source, groups=groups)
 
 
-class _Context:
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, why: str) -> NoReturn:
-        where = f"{self.source}: {key}" if key else self.source
-        raise ConfigError(f"{where}: {why}")
-
-    def mapping(self, value: Any, key: str, allowed: set[str]) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(key, "must be a mapping")
-        for name in value:
-            if name not in allowed:
-                self.fail(
-                    _join(key, str(name)), f"unknown key (allowed: {', '.join(sorted(allowed))})"
-                )
-        return value
-
-    def string(self, value: Any, key: str, pattern: re.Pattern[str] | None = None) -> str:
-        if not isinstance(value, str):
-            self.fail(key, "must be a string")
-        if pattern is not None and not pattern.match(value):
-            self.fail(key, f"{value!r} is not a valid value")
-        return value
-
-    def path(self, value: Any, key: str) -> FieldPath:
-        try:
-            return parse_field_path(value)
-        except ValueError as exc:
-            return self.fail(key, str(exc))
-
-    def string_list(self, value: Any, key: str) -> list[str]:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.fail(key, "must be a list of strings")
-        return value
-
-
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
@@ -178,15 +142,11 @@ def _allowed_verbs() -> list[str]:
     return [v for v in _VERB_ORDER if v in ALL_VERBS] + sorted(ALL_VERBS - set(_VERB_ORDER))
 
 
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def _parse_drivers(ctx: _Context, raw: Any) -> list[str]:
+def _parse_drivers(ctx: Context, raw: Any) -> list[str]:
     names = ctx.string_list(raw, "drivers")
     for index, name in enumerate(names):
         if name != ANY_DRIVER and not is_driver_name(name):
@@ -194,31 +154,22 @@ def _parse_drivers(ctx: _Context, raw: Any) -> list[str]:
     return names
 
 
-def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
+def _parse_kind(ctx: Context, key: str, raw: Any) -> KindSpec:
     kind = ctx.mapping(raw, key, _KIND_KEYS)
     for required in ("group", "resource", "kind", "scope", "rule", "versions"):
         if required not in kind:
-            ctx.fail(_join(key, required), "is required")
-    group = ctx.string(kind["group"], _join(key, "group"))
+            ctx.fail(join_key(key, required), "is required")
+    group = ctx.string(kind["group"], join_key(key, "group"))
     if group and not is_dns_subdomain(group):
-        ctx.fail(_join(key, "group"), f"{group!r} is not a DNS subdomain")
-    resource = ctx.string(kind["resource"], _join(key, "resource"), _RESOURCE)
-    rule = _enum(ctx, KindRule, kind["rule"], _join(key, "rule"))
+        ctx.fail(join_key(key, "group"), f"{group!r} is not a DNS subdomain")
+    resource = ctx.string(kind["resource"], join_key(key, "resource"), _RESOURCE)
+    rule = parse_enum(ctx, KindRule, kind["rule"], join_key(key, "rule"))
     allocated = rule is KindRule.ALLOCATED_TO_DRIVER
     own_node = rule is KindRule.OWN_NODE
     verbs_allowed = ALLOCATED_VERBS if allocated else OWN_NODE_VERBS if own_node else ALL_VERBS
-    verbs = frozenset(
-        ctx.string_list(kind.get("verbs", sorted(verbs_allowed)), _join(key, "verbs"))
-    )
-    if unknown := verbs - ALL_VERBS:
-        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
-        ctx.fail(
-            _join(key, "verbs"),
-            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
-            f"(allowed: {', '.join(_allowed_verbs())})",
-        )
+    verbs = _parse_verbs(ctx, join_key(key, "verbs"), kind.get("verbs", sorted(verbs_allowed)))
     subresources = frozenset(
-        ctx.string_list(kind.get("subresources", []), _join(key, "subresources"))
+        ctx.string_list(kind.get("subresources", []), join_key(key, "subresources"))
     )
     if allocated:
         _check_allocated(ctx, key, kind, verbs, subresources)
@@ -226,43 +177,63 @@ def _parse_kind(ctx: _Context, key: str, raw: Any) -> KindSpec:
         _check_own_node(ctx, key, kind, verbs, subresources)
     versions_raw = kind["versions"]
     if not isinstance(versions_raw, dict) or not versions_raw:
-        ctx.fail(_join(key, "versions"), "must be a non-empty mapping of version to field paths")
-    separators = _pool_separators(ctx, _join(key, "poolSeparators"), kind)
-    parse_version = (
-        _parse_allocation_version
-        if allocated
-        else _parse_own_node_version
-        if own_node
-        else partial(_parse_version, separators=separators)
-    )
+        ctx.fail(join_key(key, "versions"), "must be a non-empty mapping of version to field paths")
+    separators = _pool_separators(ctx, join_key(key, "poolSeparators"), kind)
+    parse_version = _version_parser(rule, separators)
     versions = {
-        ctx.string(name, _join(key, f"versions.{name}"), _VERSION): parse_version(
-            ctx, _join(key, f"versions.{name}"), spec
+        ctx.string(name, join_key(key, f"versions.{name}"), _VERSION): parse_version(
+            ctx, join_key(key, f"versions.{name}"), spec
         )
         for name, spec in versions_raw.items()
     }
     fill = frozenset(
-        _enum(ctx, Field, v, _join(key, "fill"))
-        for v in ctx.string_list(kind.get("fill", []), _join(key, "fill"))
+        parse_enum(ctx, Field, v, join_key(key, "fill"))
+        for v in ctx.string_list(kind.get("fill", []), join_key(key, "fill"))
     )
     return KindSpec(
         group=group,
         resource=resource,
-        kind=ctx.string(kind["kind"], _join(key, "kind"), _KIND),
-        scope=_enum(ctx, Scope, kind["scope"], _join(key, "scope")),
+        kind=ctx.string(kind["kind"], join_key(key, "kind"), _KIND),
+        scope=parse_enum(ctx, Scope, kind["scope"], join_key(key, "scope")),
         rule=rule,
         versions=versions,
         verbs=verbs,
         subresources=subresources,
-        list_selector=_enum(
-            ctx, ListSelectorMode, kind.get("listSelector", "Require"), _join(key, "listSelector")
+        list_selector=parse_enum(
+            ctx,
+            ListSelectorMode,
+            kind.get("listSelector", "Require"),
+            join_key(key, "listSelector"),
         ),
         fill=fill,
         pool_separators=separators,
     )
 
 
-def _pool_separators(ctx: _Context, key: str, kind: Mapping[str, Any]) -> tuple[str, ...]:
+def _parse_verbs(ctx: Context, key: str, raw: Any) -> frozenset[str]:
+    verbs = frozenset(ctx.string_list(raw, key))
+    if unknown := verbs - ALL_VERBS:
+        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
+        ctx.fail(
+            key,
+            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
+            f"(allowed: {', '.join(_allowed_verbs())})",
+        )
+    return verbs
+
+
+def _version_parser(
+    rule: KindRule, separators: tuple[str, ...]
+) -> Callable[[Context, str, Any], VersionSpec]:
+    """How one version of a kind under ``rule`` is read."""
+    if rule is KindRule.ALLOCATED_TO_DRIVER:
+        return _parse_allocation_version
+    if rule is KindRule.OWN_NODE:
+        return _parse_own_node_version
+    return partial(_parse_version, separators=separators)
+
+
+def _pool_separators(ctx: Context, key: str, kind: Mapping[str, Any]) -> tuple[str, ...]:
     """``poolSeparators``: what may follow the node name in a pool name (default ``["/"]``)."""
     if "poolSeparators" not in kind:
         return STRICT_POOL_SEPARATORS
@@ -277,8 +248,28 @@ def _pool_separators(ctx: _Context, key: str, kind: Mapping[str, Any]) -> tuple[
     return tuple(raw)
 
 
+def _check_not_node_local(
+    ctx: Context,
+    key: str,
+    kind: Mapping[str, Any],
+    verbs: frozenset[str],
+    rule: str,
+    allowed: frozenset[str],
+) -> None:
+    """What a rule other than NodeLocal refuses: the keys only NodeLocal reads, and verbs
+    beyond ``allowed``."""
+    for name in _NODE_LOCAL_ONLY:
+        if name in kind:
+            ctx.fail(join_key(key, name), f"is not used by rule {rule}")
+    if extra := verbs - allowed:
+        ctx.fail(
+            join_key(key, "verbs"),
+            f"rule {rule} allows only {', '.join(sorted(allowed))}, not {', '.join(sorted(extra))}",
+        )
+
+
 def _check_allocated(
-    ctx: _Context,
+    ctx: Context,
     key: str,
     kind: Mapping[str, Any],
     verbs: frozenset[str],
@@ -286,59 +277,45 @@ def _check_allocated(
 ) -> None:
     """What rule AllocatedToDriver cannot mean: creating or deleting objects allocated by
     someone else, or writing anything but their status."""
-    for name in _NODE_LOCAL_ONLY:
-        if name in kind:
-            ctx.fail(_join(key, name), "is not used by rule AllocatedToDriver")
-    if extra := verbs - ALLOCATED_VERBS:
-        ctx.fail(
-            _join(key, "verbs"),
-            f"rule AllocatedToDriver allows only {', '.join(sorted(ALLOCATED_VERBS))}, "
-            f"not {', '.join(sorted(extra))}",
-        )
+    _check_not_node_local(ctx, key, kind, verbs, "AllocatedToDriver", ALLOCATED_VERBS)
     if subresources - {"status"}:
-        ctx.fail(_join(key, "subresources"), "rule AllocatedToDriver allows only [status]")
+        ctx.fail(join_key(key, "subresources"), "rule AllocatedToDriver allows only [status]")
     if verbs & {"update", "patch"} and "status" not in subresources:
         ctx.fail(
-            _join(key, "subresources"),
+            join_key(key, "subresources"),
             "rule AllocatedToDriver writes only through the status subresource: "
             "list [status] or drop update/patch from verbs",
         )
 
 
 def _check_own_node(
-    ctx: _Context,
+    ctx: Context,
     key: str,
     kind: Mapping[str, Any],
     verbs: frozenset[str],
     subresources: frozenset[str],
 ) -> None:
     """Rule OwnNode reads one cluster-scoped object, the one named after this node."""
-    for name in _NODE_LOCAL_ONLY:
-        if name in kind:
-            ctx.fail(_join(key, name), "is not used by rule OwnNode")
-    if extra := verbs - OWN_NODE_VERBS:
-        ctx.fail(
-            _join(key, "verbs"), f"rule OwnNode allows only get, not {', '.join(sorted(extra))}"
-        )
+    _check_not_node_local(ctx, key, kind, verbs, "OwnNode", OWN_NODE_VERBS)
     if subresources:
-        ctx.fail(_join(key, "subresources"), "rule OwnNode allows no subresources")
+        ctx.fail(join_key(key, "subresources"), "rule OwnNode allows no subresources")
     if kind.get("scope") != Scope.CLUSTER.value:
-        ctx.fail(_join(key, "scope"), "rule OwnNode names a cluster-scoped object")
+        ctx.fail(join_key(key, "scope"), "rule OwnNode names a cluster-scoped object")
 
 
-def _parse_own_node_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+def _parse_own_node_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
     ctx.mapping({} if raw is None else raw, key, set())
     return VersionSpec(paths={}, selectors={})
 
 
-def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
+def _parse_allocation_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
     spec = ctx.mapping(raw, key, {*ALLOCATION_KEYS, _ALLOCATION_OPAQUE})
     paths: dict[str, FieldPath] = {}
     for name, attribute in ALLOCATION_KEYS.items():
         if name not in spec:
-            ctx.fail(_join(key, name), "is required (a JSON path) by rule AllocatedToDriver")
-        paths[attribute] = ctx.path(spec[name], _join(key, name))
-    where = _join(key, _ALLOCATION_OPAQUE)
+            ctx.fail(join_key(key, name), "is required (a JSON path) by rule AllocatedToDriver")
+        paths[attribute] = ctx.path(spec[name], join_key(key, name))
+    where = join_key(key, _ALLOCATION_OPAQUE)
     opaque = tuple(
         ctx.path(p, f"{where}[{i}]")
         for i, p in enumerate(ctx.string_list(spec.get(_ALLOCATION_OPAQUE, []), where))
@@ -348,22 +325,22 @@ def _parse_allocation_version(ctx: _Context, key: str, raw: Any) -> VersionSpec:
 
 
 def _parse_version(
-    ctx: _Context, key: str, raw: Any, separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
+    ctx: Context, key: str, raw: Any, separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
 ) -> VersionSpec:
     spec = ctx.mapping(raw, key, _VERSION_KEYS)
     paths: dict[Field, FieldPath] = {}
     for fld in Field:
         if fld.value in spec:
-            paths[fld] = ctx.path(spec[fld.value], _join(key, fld.value))
+            paths[fld] = ctx.path(spec[fld.value], join_key(key, fld.value))
         elif fld is not Field.POOL:
-            ctx.fail(_join(key, fld.value), "is required (the JSON path of the field)")
+            ctx.fail(join_key(key, fld.value), "is required (the JSON path of the field)")
     selectors_raw = ctx.mapping(
-        spec.get("fieldSelectors", {}), _join(key, "fieldSelectors"), {"driver", "node", "pool"}
+        spec.get("fieldSelectors", {}), join_key(key, "fieldSelectors"), {"driver", "node", "pool"}
     )
     selectors = {
         fld: ctx.string(
             selectors_raw.get(fld.value, ".".join(paths[fld])),
-            _join(key, f"fieldSelectors.{fld.value}"),
+            join_key(key, f"fieldSelectors.{fld.value}"),
         )
         for fld in (Field.DRIVER, Field.NODE)
     }
@@ -372,22 +349,28 @@ def _parse_version(
     pool_path = paths.get(Field.POOL)
     if "pool" in selectors_raw:
         if pool_path is None:
-            ctx.fail(_join(key, "fieldSelectors.pool"), "needs a pool path")
-        selectors[Field.POOL] = ctx.string(selectors_raw["pool"], _join(key, "fieldSelectors.pool"))
+            ctx.fail(join_key(key, "fieldSelectors.pool"), "needs a pool path")
+        selectors[Field.POOL] = ctx.string(
+            selectors_raw["pool"], join_key(key, "fieldSelectors.pool")
+        )
     elif pool_path == ("metadata", "name"):
         selectors[Field.POOL] = "metadata.name"
     forbidden = tuple(
-        ctx.path(p, f"{_join(key, 'forbidden')}[{i}]")
-        for i, p in enumerate(ctx.string_list(spec.get("forbidden", []), _join(key, "forbidden")))
+        ctx.path(p, f"{join_key(key, 'forbidden')}[{i}]")
+        for i, p in enumerate(
+            ctx.string_list(spec.get("forbidden", []), join_key(key, "forbidden"))
+        )
     )
     immutable = frozenset(
-        _enum(ctx, Field, name, f"{_join(key, 'immutable')}[{i}]")
+        parse_enum(ctx, Field, name, f"{join_key(key, 'immutable')}[{i}]")
         for i, name in enumerate(
-            ctx.string_list(spec.get("immutable", []), _join(key, "immutable"))
+            ctx.string_list(spec.get("immutable", []), join_key(key, "immutable"))
         )
     )
     if unlocated := sorted(f.value for f in immutable - set(paths)):
-        ctx.fail(_join(key, "immutable"), f"names {', '.join(unlocated)}, which has no path here")
+        ctx.fail(
+            join_key(key, "immutable"), f"names {', '.join(unlocated)}, which has no path here"
+        )
     return VersionSpec(
         paths=paths,
         selectors=selectors,
@@ -395,10 +378,3 @@ def _parse_version(
         immutable=immutable,
         pool_separators=separators,
     )
-
-
-def _enum(ctx: _Context, enum_type: Any, value: Any, key: str) -> Any:
-    allowed = [member.value for member in enum_type]
-    if value not in allowed:
-        ctx.fail(key, f"{value!r} is not one of {', '.join(allowed)}")
-    return enum_type(value)

@@ -12,7 +12,6 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from gatekeeper.policytest._model import TEST_FILE_SUFFIX, MalformedTest, discover
 from gatekeeper.policytest._report import (
@@ -25,6 +24,7 @@ from gatekeeper.policytest._report import (
     write_junit_error,
 )
 from gatekeeper.policytest._runner import CaseResult, load_files, run_files
+from gatekeeper.usage import UsageParser
 
 __all__ = ["run_test", "run_test_command"]
 
@@ -38,9 +38,8 @@ _DESCRIPTION = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{_PROG}: {message}\n")
+class _Parser(UsageParser):
+    command = _PROG
 
 
 def run_test_command(args: Sequence[str]) -> int:

@@ -157,6 +157,10 @@ class RecordingSink:
     async def aclose(self) -> None:
         return None
 
+    def by_id(self, audit_id: str) -> list[dict[str, Any]]:
+        """The events recorded for one audit ID, in order."""
+        return [event for event in self.events if event["auditID"] == audit_id]
+
 
 def serve_config(
     apiserver: APIServer, policy: Policy, pki: PKI, socket_dir: Path, **options: Any

@@ -31,6 +31,8 @@ from gatekeeper.testing._kubectl import (
     slice_manifest,
     write_kubeconfig,
 )
+from gatekeeper.testing._metrics import metric_samples, metric_value
+from gatekeeper.testing._process import SERVE, free_port, run_process, token_kubeconfig, wait_ready
 
 __all__ = [
     "GPU",
@@ -41,18 +43,25 @@ __all__ = [
     "PINNED",
     "PKI",
     "SELECTOR",
+    "SERVE",
     "SLICES",
     "Audited",
     "Kubectl",
     "RecordingSink",
     "Running",
     "decide_offline",
+    "free_port",
+    "metric_samples",
+    "metric_value",
     "planned_fetch",
     "raw_request",
+    "run_process",
     "running_gatekeeper",
     "seed",
     "serve_config",
     "slice_body",
     "slice_manifest",
+    "token_kubeconfig",
+    "wait_ready",
     "write_kubeconfig",
 ]

@@ -18,15 +18,13 @@ from aiohttp.test_utils import TestServer
 
 import gatekeeper.testing as testing_pkg
 from gatekeeper.testing import DRA_KINDS, APIServer, ServedKind, running_api_server
+from tests.testing.helpers import CLAIMS, MERGE, SLICES, call
 
 # Must match tests/testing/conftest.py (conftest modules are not importable by name).
 KINDS: tuple[ServedKind, ...] = (*DRA_KINDS, ServedKind("", "nodes", "Node", False, ("v1",)))
 TOKEN = "test-token"
 TLSFiles = Any  # the conftest's TLSFiles: ca, server_cert/key, client_cert/key, other_client_*
 
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-MERGE = {"Content-Type": "application/merge-patch+json"}
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
@@ -64,21 +62,6 @@ def a_claim(name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
     if status is not None:
         claim["status"] = status
     return claim
-
-
-async def call(
-    client: aiohttp.ClientSession,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    raw: bytes | None = None,
-) -> tuple[int, Any]:
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
-    async with client.request(method, path, data=data, headers=hdrs) as resp:
-        text = await resp.text()
-        return resp.status, json.loads(text) if text else None
 
 
 # --- package surface ---------------------------------------------------------------------------
