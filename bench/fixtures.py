@@ -6,9 +6,11 @@ directory for one run and removed with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -17,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from aiohttp import web
 
 from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.testing import resource_slice
+from gatekeeper.testing.harness import free_port
 
 __all__ = [
     "DRIVER",
@@ -34,6 +38,7 @@ __all__ = [
     "list_document",
     "make_pki",
     "python_process",
+    "serve_tls",
     "slice_body",
     "stop_process",
     "wait_ready",
@@ -125,10 +130,32 @@ def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def serve_tls(
+    app: web.Application,
+    port: int,
+    cert: str,
+    key: str,
+    *,
+    client_ca: str | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> None:
+    """Serve ``app`` over TLS on loopback ``port`` until stopped; with ``client_ca``, mutual TLS
+    (a client certificate signed by it required)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=client_ca)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=port,
+        ssl_context=context,
+        access_log=None,
+        print=None,
+        backlog=2048,
+        shutdown_timeout=1,
+        loop=loop,
+    )
 
 
 def python_process(

@@ -17,6 +17,7 @@ import ssl
 import aiohttp
 from aiohttp import web
 
+from bench.fixtures import serve_tls
 from gatekeeper.runtime import loop_factory
 
 __all__ = ["main"]
@@ -81,21 +82,7 @@ def main() -> None:
             app, path=args.socket, access_log=None, print=None, shutdown_timeout=1, loop=loop
         )
         return
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=args.client_ca)
-    context.load_cert_chain(args.cert, args.key)
-    context.verify_mode = ssl.CERT_REQUIRED
-    web.run_app(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        ssl_context=context,
-        access_log=None,
-        print=None,
-        backlog=2048,
-        shutdown_timeout=1,
-        loop=loop,
-    )
-
+    serve_tls(app, args.port, args.cert, args.key, client_ca=args.client_ca, loop=loop)
 
 if __name__ == "__main__":
     main()

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import ssl
 import time
 from pathlib import Path
 
 from aiohttp import web
 
-from bench.fixtures import NODE, SLICES, item_slice, list_document
+from bench.fixtures import NODE, SLICES, item_slice, list_document, serve_tls
+from gatekeeper.runtime import loop_factory
 
 __all__ = ["build_app", "main"]
 
@@ -119,26 +119,11 @@ def main() -> None:
     parser.add_argument("--big-mb", type=int, default=0)
     args = parser.parse_args()
     big = _write_big(Path(args.workdir) / f"big-{args.big_mb}.json", args.big_mb)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(args.cert, args.key)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    factory = loop_factory()
+    loop = factory() if factory is not None else asyncio.new_event_loop()
     app = build_app(args.list_count, big if args.big_mb > 0 else None)
     print(f"upstream for node {NODE} on port {args.port}", flush=True)
-    web.run_app(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        ssl_context=context,
-        access_log=None,
-        print=None,
-        backlog=2048,
-        shutdown_timeout=1,
-    )
+    serve_tls(app, args.port, args.cert, args.key, loop=loop)
 
 
 if __name__ == "__main__":
