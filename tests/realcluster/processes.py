@@ -135,14 +135,16 @@ class GatekeeperProcess:
 
     # --- its audit log --------------------------------------------------------------------------
 
-    def audit_events(self) -> list[dict[str, Any]]:
+    def audit_events(self, stage: str = "ResponseComplete") -> list[dict[str, Any]]:
+        """Its audit events of ``stage`` (a watch has ResponseStarted at once, and
+        ResponseComplete only when it ends)."""
         if not self.audit_log.exists():
             return []
         events = []
         for line in self.audit_log.read_text().splitlines():
             if line.strip():
                 event = json.loads(line)
-                if event.get("stage") == "ResponseComplete":
+                if event.get("stage") == stage:
                     events.append(event)
         return events
 
