@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,20 @@ def test_command_prints_yaml_and_refuses_a_policy_without_drivers(
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no drivers" in result.stderr
+
+
+def test_mapped_service_accounts_add_token_reviews_only() -> None:
+    plain = cluster_role(load_policy(None).with_drivers(frozenset({"gpu.example.com"})))
+    mapped = cluster_role(
+        replace(
+            load_policy(None).with_drivers(frozenset({"gpu.example.com"})),
+            service_accounts={"system:serviceaccount:gpu-system:plugin": "gpu.example.com"},
+        )
+    )
+    review = {
+        "apiGroups": ["authentication.k8s.io"],
+        "resources": ["tokenreviews"],
+        "verbs": ["create"],
+    }
+    assert review not in plain["rules"]
+    assert [rule for rule in mapped["rules"] if rule not in plain["rules"]] == [review]
