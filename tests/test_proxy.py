@@ -356,7 +356,10 @@ async def test_certificate_from_another_ca_fails_the_handshake(
 
 async def test_discovery_passes_for_policy_groups(gatekeeper: Running) -> None:
     async with gatekeeper.unix_session(GPU) as session:
-        for path in ("/version", "/apis", "/api", "/apis/resource.k8s.io/v1"):
+        paths = ("/version", "/apis", "/api", "/apis/resource.k8s.io/v1", "/openapi/v3")
+        # The openapi documents of the policy's groups, the core one (Node) included.
+        paths += ("/openapi/v3/apis/resource.k8s.io/v1", "/openapi/v3/api/v1")
+        for path in paths:
             response = await session.get(path)
             assert response.status == 200, path
 
