@@ -269,6 +269,19 @@ async def test_refusals_never_reach_upstream(
     assert apiserver.journal == []
 
 
+async def test_a_core_group_refusal_is_laid_out_as_the_apiservers(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    """The real apiserver leaves the empty core group out of a 403's details (omitempty):
+    recorded on the real tier for a user without RBAC (tests/realcluster/test_refusals.py)."""
+    code, _, status = await raw_request(gatekeeper, "GET", "/api/v1/namespaces/default/secrets/s1")
+    assert code == 403
+    assert status["details"] == {"kind": "secrets", "name": "s1"}
+    code, _, status = await raw_request(gatekeeper, "GET", "/api/v1/namespaces/default/secrets")
+    assert status["details"] == {"kind": "secrets"}
+    assert apiserver.journal == []
+
+
 HEADER_TRICKS = [
     ("impersonate-user", {"Impersonate-User": "system:admin"}),
     ("impersonate-group", {"Impersonate-Group": "system:masters"}),

@@ -464,6 +464,12 @@ def test_forbidden_message_has_apiserver_phrasing() -> None:
     assert decision.details == {"group": "resource.k8s.io", "kind": "resourceslices", "name": "s1"}
 
 
+def test_forbidden_details_leave_out_the_core_group() -> None:
+    # The apiserver's StatusDetails.group is omitempty (seen on a real 1.36 apiserver).
+    decision = decide("GET", "/api/v1/namespaces/default/secrets/s1")
+    assert decision.details == {"kind": "secrets", "name": "s1"}
+
+
 def test_update_pins_the_fetched_resource_version() -> None:
     decision = decide("PUT", f"{SLICES}/node-a-gpu", slice_v1(), stored(slice_v1(), rv="42"))
     assert decision.body["metadata"]["resourceVersion"] == "42"
