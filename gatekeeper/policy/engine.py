@@ -194,6 +194,9 @@ class Engine:
         return forbid(driver, info, "only discovery of the policy's API groups is allowed")
 
     def _open_path(self, path: str) -> bool:
+        # The parser lets a trailing "/" through on discovery paths only (/apis/<g>/): the same
+        # document as without it.
+        path = path.removesuffix("/") if path != "/" else path
         if path in _OPEN_PATHS:
             return True
         parts = path.split("/")[1:]
