@@ -29,17 +29,21 @@ NAMESPACE, CLAIM = "tenant", "rbac-claim"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
 SLICE, POOL = "rbac-node-a-gpu", "node-a"
-# Every nonResourceURLs entry of the role has a path here: "/api/*" is "/api/v1", and so on.
+# Every nonResourceURLs entry of the role has a path here: "/api/*" is "/api/v1", and so on;
+# the trailing-slash forms are the official Python client's.
 DISCOVERY = (
     "/api",
     "/api/v1",
     "/apis",
     "/apis/resource.k8s.io",
     "/apis/resource.k8s.io/v1",
+    "/apis/resource.k8s.io/v1/",
     "/apis/devmgmtproto.k8s.io/v1alpha1",
     "/version",
+    "/version/",
     "/openapi/v3",
     "/openapi/v3/apis/resource.k8s.io/v1",
+    "/openapi/v3/api/v1",
 )
 
 

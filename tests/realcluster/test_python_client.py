@@ -107,3 +107,17 @@ def test_another_drivers_entry_is_refused(
     stored = real_cluster.admin.get(PATH)
     assert stored["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"]
     assert _entries(real_cluster.admin)[NIC]["data"] == {"link": "up"}
+
+
+def test_discovery(resource_api: client.ResourceV1Api, journal: None) -> None:
+    """The client's discovery calls end in "/" (/api/, /apis/<group>/<version>/, /version/);
+    the gatekeeper passes them as the apiserver serves them."""
+    api_client = resource_api.api_client
+    assert client.VersionApi(api_client).get_code().git_version
+    assert client.CoreApi(api_client).get_api_versions().versions == ["v1"]
+    assert "nodes" in {r.name for r in client.CoreV1Api(api_client).get_api_resources().resources}
+    groups = {g.name for g in client.ApisApi(api_client).get_api_versions().groups}
+    assert {"resource.k8s.io", "devmgmtproto.k8s.io"} <= groups
+    assert client.ResourceApi(api_client).get_api_group().name == "resource.k8s.io"
+    resources = {r.name for r in resource_api.get_api_resources().resources}
+    assert {"resourceslices", "resourceclaims", "resourceclaims/status"} <= resources
