@@ -28,7 +28,9 @@ ROLE_NAME = "dra-gatekeeper"
 _PROG = "dra-gatekeeper policy"
 _FETCHING_VERBS = frozenset({"get", "update", "patch", "delete"})
 _SUBRESOURCE_VERBS = ("get", "patch", "update")
-_DISCOVERY = ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"]
+# "/version/" too: the official Python client asks for it (the others end in "*", which covers
+# "/api/" and "/apis/<group>/"), as the apiserver's own system:public-info-viewer lists it.
+_DISCOVERY = ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version", "/version/"]
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 

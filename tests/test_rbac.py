@@ -64,7 +64,15 @@ def test_default_policy_rules() -> None:
     assert driver_rule["resourceNames"] == ["a.example", "b.example"]
     assert driver_rule["apiGroups"] == ["resource.k8s.io"]
     assert role["rules"][-1] == {
-        "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"],
+        "nonResourceURLs": [
+            "/api",
+            "/api/*",
+            "/apis",
+            "/apis/*",
+            "/openapi/*",
+            "/version",
+            "/version/",
+        ],
         "verbs": ["get"],
     }
     assert "secrets" not in rules and "nodes/status" not in rules
