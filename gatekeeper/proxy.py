@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +45,7 @@ from gatekeeper.identity import identify
 from gatekeeper.limits import DriverBudgets
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
+from gatekeeper.policy.plan import Plan
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
@@ -123,9 +124,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
         # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
         # cannot take the place (upstream connections, memory) of another driver's: 429.
         with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
+            plan = plan_request(gk, flow, request.headers.get("Accept", ""))
+            if isinstance(plan, Decision) and not plan.allowed:
+                # Refused on the request alone (a kind the policy does not allow, a verb, a
+                # driver): said as such, whatever the body is, which is never read.
+                flow.decision = plan
+                return _answer(flow, plan)
             timeout = gk.budgets.limits.body_timeout
             flow.media_type, flow.body = await read_body(request, flow.info, timeout)
-            flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
+            flow.decision = await decide(gk, flow, plan)
             if flow.decision.forwards:
                 return await forward(request, flow, gk)
             return _answer(flow, flow.decision)
@@ -163,13 +170,19 @@ async def handle(request: web.Request) -> web.StreamResponse:
         await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
-async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:
-    """The engine's conversation: plan, read what it needs, decide."""
+def plan_request(gk: Gatekeeper, flow: Flow, accept: str = "") -> Plan | Decision:
+    """The request-level rules (kind, verb, driver), before the body is read."""
     assert flow.identity is not None and flow.info is not None
     plain_json = accepts_plain_json(accept)
-    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type, plain_json=plain_json)
+    return gk.engine.plan(flow.identity, flow.info, flow.media_type, plain_json=plain_json)
+
+
+async def decide(gk: Gatekeeper, flow: Flow, plan: Plan | Decision) -> Decision:
+    """The engine's conversation: read what the plan needs, decide."""
     if isinstance(plan, Decision):
         return plan
+    # The body's effective media type (a body without Content-Type is JSON) is known now.
+    plan = replace(plan, media_type=flow.media_type)
     if plan.fetch is not None:
         flow.current = await gk.upstream.fetch(plan.fetch)
     if (preview := plan.preview(flow.body, flow.current)) is not None:

@@ -111,13 +111,13 @@ def check_records(
             # Allowed only under the assumption that the object is the caller's: unknown.
             report.skipped[_UNDETERMINED] += 1
             continue
-        if after == "forbid" and record.decision == "allow" and 400 <= record.code < 500:
-            if basis == "metadata" or _previewed(record):
-                # E.g. an apply whose dry-run preview the apiserver refused (422 immutable, 409
-                # conflict): the gatekeeper never saw a result to decide on, and the replay
-                # cannot compute the one the apiserver would have stored.
-                report.skipped[_FAILED_UPSTREAM] += 1
-                continue
+        failed_upstream = record.decision == "allow" and 400 <= record.code < 500
+        if after == "forbid" and failed_upstream and (basis == "metadata" or _previewed(record)):
+            # E.g. an apply whose dry-run preview the apiserver refused (422 immutable, 409
+            # conflict): the gatekeeper never saw a result to decide on, and the replay cannot
+            # compute the one the apiserver would have stored.
+            report.skipped[_FAILED_UPSTREAM] += 1
+            continue
         report.decided[basis] += 1
         if after != record.decision and not _same_state_outcome(record, decision):
             report.changes.append(
