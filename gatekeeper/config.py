@@ -67,6 +67,8 @@ class ServeConfig:
     socket_dir: Path | None = None
     listen: tuple[str, int] | None = None
     listen_tls: ServerTLS | None = None
+    listen_flag: str = "--listen"
+    """How the user named ``listen``, for messages (``demo`` takes it as ``--port``)."""
     health_listen: tuple[str, int] | None = None
     audit: AuditSettings = AuditSettings()
     shutdown_grace: float = 30.0

@@ -100,7 +100,7 @@ def bind_listeners(
             for driver_socket in sockets.bind(drivers):
                 bound.append(_unix_listener(driver_socket.driver, driver_socket))
         if config.listen is not None:
-            bound.append(Listener("mtls", _bind_tcp(*config.listen, "--listen")))
+            bound.append(Listener("mtls", _bind_tcp(*config.listen, config.listen_flag)))
         if config.health_listen is not None:
             bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
     except BaseException:
