@@ -52,7 +52,16 @@ from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamResponse
 
-__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
+__all__ = [
+    "GATEKEEPER",
+    "Gatekeeper",
+    "build_app",
+    "decide",
+    "forward",
+    "handle",
+    "plan_request",
+    "read_body",
+]
 
 log = logging.getLogger("gatekeeper.proxy")
 
