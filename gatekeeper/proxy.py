@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +25,8 @@ from gatekeeper.audit import (
 )
 from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.audit.event import ERROR_ANNOTATION
-from gatekeeper.body import decode_body, read_limited
+from gatekeeper.body import JSON, decode_body, read_limited
+from gatekeeper.encoded import ENCODED_MEDIA_TYPES, read_encoded
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import (
     DROPPED_ANNOTATION,
@@ -46,7 +47,7 @@ from gatekeeper.limits import DriverBudgets
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
 from gatekeeper.policy.plan import Plan
-from gatekeeper.preview import preview_patch
+from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
@@ -141,7 +142,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
                 return _answer(flow, plan)
             timeout = gk.budgets.limits.body_timeout
             flow.media_type, flow.body = await read_body(request, flow.info, timeout)
-            flow.decision = await decide(gk, flow, plan)
+            flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
             if flow.decision.forwards:
                 return await forward(request, flow, gk)
             return _answer(flow, flow.decision)
@@ -180,22 +181,25 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 
 def plan_request(gk: Gatekeeper, flow: Flow, accept: str = "") -> Plan | Decision:
-    """The request-level rules (kind, verb, driver), before the body is read."""
+    """The request-level rules (kind, verb, driver), before the body is read: planned as JSON,
+    so that only what the request itself names can refuse it here; its encoding is judged
+    once the body is read (:func:`decide` plans again with the body's media type)."""
     assert flow.identity is not None and flow.info is not None
     plain_json = accepts_plain_json(accept)
-    return gk.engine.plan(flow.identity, flow.info, flow.media_type, plain_json=plain_json)
+    return gk.engine.plan(flow.identity, flow.info, JSON, plain_json=plain_json)
 
 
-async def decide(gk: Gatekeeper, flow: Flow, plan: Plan | Decision) -> Decision:
-    """The engine's conversation: read what the plan needs, decide."""
+async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:
+    """The engine's conversation: plan, read what it needs, decide."""
+    assert flow.identity is not None and flow.info is not None
+    plain_json = accepts_plain_json(accept)
+    plan = gk.engine.plan(flow.identity, flow.info, flow.media_type, plain_json=plain_json)
     if isinstance(plan, Decision):
         return plan
-    # The body's effective media type (a body without Content-Type is JSON) is known now.
-    plan = replace(plan, media_type=flow.media_type)
     if plan.fetch is not None:
         flow.current = await gk.upstream.fetch(plan.fetch)
     if (preview := plan.preview(flow.body, flow.current)) is not None:
-        flow.proposed = await preview_patch(gk.upstream, preview)
+        flow.proposed = await run_preview(gk.upstream, preview)
     return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
 
 
@@ -210,6 +214,10 @@ async def read_body(
     raw = await (read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout))
     if not raw:
         return media_type, None
+    if media_type in ENCODED_MEDIA_TYPES:
+        encoded = read_encoded(raw, media_type, info.verb)
+        # A protobuf DeleteOptions body is read here and goes on as the JSON it stands for.
+        return (JSON, encoded) if isinstance(encoded, dict) else (media_type, encoded)
     media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
     if not isinstance(decoded, dict) and not (info.verb == "patch" and isinstance(decoded, list)):
         raise Refusal(400, "request body must be a JSON object (or a JSON patch list)")
@@ -221,7 +229,7 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
     decision = flow.decision
     assert decision is not None and decision.target is not None
     target = decision.target
-    payload = None if decision.body is None else jsoncodec.dumps(decision.body)
+    payload = _payload(decision.body)
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
@@ -357,6 +365,13 @@ def _internal_error(flow: Flow, exc: Exception) -> web.Response:
     flow.response_object = body
     flow.finish(500, f"internal error: {type(exc).__name__}")
     return web.json_response(body, status=500, headers={"Audit-Id": flow.audit_id})
+
+
+def _payload(body: Any) -> bytes | None:
+    """The forwarded body: an encoded body's bytes as they are, anything else as JSON."""
+    if body is None or isinstance(body, bytes):
+        return body
+    return jsoncodec.dumps(body)
 
 
 def _message_of(payload: bytes) -> str:

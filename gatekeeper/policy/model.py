@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gatekeeper.jsonpath import FieldPath
 
@@ -12,6 +12,7 @@ __all__ = [
     "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "ENCODINGS",
     "OWN_NODE_VERBS",
     "POOL_SEPARATORS",
     "STRICT_POOL_SEPARATORS",
@@ -22,6 +23,7 @@ __all__ = [
     "ListSelectorMode",
     "Policy",
     "Scope",
+    "UnboundTokens",
     "VersionSpec",
 ]
 
@@ -35,6 +37,9 @@ OWN_NODE_VERBS = frozenset({"get"})
 """The verbs an OwnNode kind may allow: reading the one object."""
 POOL_SEPARATORS = ("/", "-", ".")
 """What a policy may let follow the node name in a pool name (``poolSeparators``)."""
+ENCODINGS = ("json", "protobuf", "cbor")
+"""Request body encodings a kind may accept (``encodings``). JSON is read by the gatekeeper;
+protobuf and CBOR are decoded by the apiserver in a dry run, which only built-in kinds allow."""
 STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
 """The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
 node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
@@ -145,11 +150,21 @@ class KindSpec:
     fill: frozenset[Field] = frozenset()
     pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
     """What may follow the node name in a pool name; every version carries it too."""
+    encodings: frozenset[str] = frozenset({"json"})
+    """Request body encodings accepted (:data:`ENCODINGS`); a body in another is 415."""
 
     @property
     def qualified(self) -> str:
         """``resourceslices.resource.k8s.io`` (``secrets`` for the core group)."""
         return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+class UnboundTokens(enum.Enum):
+    """``unboundTokens``: a service-account token that names no node (a TokenRequest not bound
+    to a pod, a legacy Secret token) cannot show that its driver runs on this node."""
+
+    REFUSE = "Refuse"
+    ALLOW = "Allow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +176,11 @@ class Policy:
     drivers: frozenset[str] = frozenset()
     source: str = "<policy>"
     groups: frozenset[str] = field(default=frozenset())
+    service_accounts: Mapping[str, str] = field(default_factory=dict)
+    """``system:serviceaccount:<namespace>:<name>`` → the driver whose token it is
+    (``serviceAccounts``); a service account maps to one driver at most."""
+    unbound_tokens: UnboundTokens = UnboundTokens.REFUSE
+    """Whether a token without the node-name extra (unbound, legacy) may identify a driver."""
 
     def kind_for(self, group: str, resource: str) -> KindSpec | None:
         return self.kinds.get((group, resource))
@@ -169,4 +189,4 @@ class Policy:
         return driver in self.drivers or ANY_DRIVER in self.drivers
 
     def with_drivers(self, extra: frozenset[str]) -> Policy:
-        return Policy(self.kinds, self.drivers | extra, self.source, self.groups)
+        return replace(self, drivers=self.drivers | extra)
