@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -263,7 +263,9 @@ class IsolationCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         guard = self._guard
+        known = guard.gatekeeper.engine.policy.allows_driver
         yield _by_caller(
+            known,
             CounterMetricFamily(
                 "dra_gatekeeper_connections_refused",
                 "Connections answered 429 and closed at once (over a connection cap), by caller.",
@@ -293,6 +295,7 @@ class IsolationCollector(Collector):
             DROPPED.value,
         )
         yield _by_caller(
+            known,
             GaugeMetricFamily(
                 "dra_gatekeeper_connections_open",
                 "Open driver connections, by caller.",
@@ -308,8 +311,15 @@ def _total(family: CounterMetricFamily, value: int) -> CounterMetricFamily:
 
 
 def _by_caller(
-    family: CounterMetricFamily | GaugeMetricFamily, counts: Counter[str]
+    known: Callable[[str], bool],
+    family: CounterMetricFamily | GaugeMetricFamily,
+    counts: Counter[str],
 ) -> CounterMetricFamily | GaugeMetricFamily:
+    # A label value is a driver the policy allows, else "unknown": a peer address or a
+    # certificate CN is the caller's to choose, and each new value would be a new series.
+    labelled: Counter[str] = Counter()
     for caller, count in counts.items():
+        labelled[caller if known(caller) else "unknown"] += count
+    for caller, count in labelled.items():
         family.add_metric([caller], float(count))
     return family

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import pytest
 
 from gatekeeper.audit import NullSink
 from gatekeeper.metrics import MeteredSink, Metrics
-from gatekeeper.testing.harness import metric_samples, metric_value
+from gatekeeper.policy import load_policy
+from gatekeeper.rules import RULES
+from gatekeeper.testing import APIServer
+from gatekeeper.testing.harness import (
+    GPU,
+    SLICES,
+    Running,
+    metric_samples,
+    metric_value,
+    slice_body,
+)
+
+POLICY = load_policy(None).with_drivers(frozenset({GPU}))
+
+
+def served_metrics() -> Metrics:
+    """Metrics of a gatekeeper serving the default policy for the GPU driver."""
+    metrics = Metrics()
+    metrics.policy = lambda: POLICY
+    return metrics
 
 
 def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
@@ -17,7 +37,11 @@ def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
         "stage": stage,
         "verb": "get",
         "user": {"username": "gpu.example.com"},
-        "objectRef": {"resource": "resourceclaims", "subresource": "status"},
+        "objectRef": {
+            "resource": "resourceclaims",
+            "subresource": "status",
+            "apiGroup": "resource.k8s.io",
+        },
         "responseStatus": {"code": 200},
         "annotations": {"authorization.k8s.io/decision": "allow"},
     }
@@ -46,21 +70,53 @@ def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
                 event(
                     annotations={
                         "authorization.k8s.io/decision": "forbid",
-                        "authorization.k8s.io/reason": "pool not prefixed",
+                        "authorization.k8s.io/reason": 'spec.pool.name "x" is not prefixed by '
+                        'node name "node-a"',
                     },
                     responseStatus={"code": 403},
                 )
             ]
             * 2,
             "dra_gatekeeper_refusals_total",
-            {"driver": "gpu.example.com", "reason": "pool not prefixed"},
+            {"driver": "gpu.example.com", "reason": "pool-prefix"},
             2,
-            id="refusals-by-reason",
+            id="refusals-by-rule",
+        ),
+        pytest.param(
+            [
+                event(
+                    verb="PROPFIND",
+                    user={"username": "mallory.example.com"},
+                    objectRef={"resource": "secrets-abc123", "apiGroup": ""},
+                    annotations={
+                        "authorization.k8s.io/decision": "forbid",
+                        "authorization.k8s.io/reason": "the gatekeeper policy does not allow "
+                        "this resource",
+                    },
+                    responseStatus={"code": 403},
+                )
+            ],
+            "dra_gatekeeper_requests_total",
+            {
+                "driver": "unknown",
+                "verb": "other",
+                "resource": "other",
+                "decision": "forbid",
+                "code": "403",
+            },
+            1,
+            id="client-chosen-values-are-not-labels",
         ),
         pytest.param(
             [event(user={}, objectRef=None, annotations={}, responseStatus={"code": 401})],
             "dra_gatekeeper_requests_total",
-            {"driver": "-", "verb": "get", "resource": "-", "decision": "none", "code": "401"},
+            {
+                "driver": "unknown",
+                "verb": "get",
+                "resource": "-",
+                "decision": "none",
+                "code": "401",
+            },
             1,
             id="no-identity",
         ),
@@ -83,14 +139,14 @@ def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
 def test_record_event(
     events: list[dict[str, Any]], name: str, labels: dict[str, str], expected: float
 ) -> None:
-    metrics = Metrics()
+    metrics = served_metrics()
     for item in events:
         metrics.record_event(item)
     assert metric_value(metrics.render().decode(), name, **labels) == expected
 
 
-def test_refusal_reasons_are_bounded() -> None:
-    metrics = Metrics()
+def test_refusal_labels_are_rules_never_reasons() -> None:
+    metrics = served_metrics()
     for index in range(250):
         metrics.record_event(
             event(
@@ -106,7 +162,7 @@ def test_refusal_reasons_are_bounded() -> None:
         for (name, labels) in metric_samples(metrics.render().decode())
         if name == "dra_gatekeeper_refusals_total"
     }
-    assert len(reasons) == 201 and "other" in reasons
+    assert reasons == {"other"} and reasons <= RULES
 
 
 async def test_metered_sink_counts_and_passes_every_event_on() -> None:
@@ -128,3 +184,27 @@ async def test_metered_sink_counts_and_passes_every_event_on() -> None:
         if name == "dra_gatekeeper_requests_total"
     )
     assert total == 2
+
+
+async def test_creates_with_random_pool_names_add_no_series(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    """Five refused creates with pool names a driver chose: the same series, counted five times;
+    the audit events keep each whole reason."""
+    metrics = gatekeeper.server.metrics
+    async with gatekeeper.unix_session(GPU) as session:
+        for index in range(5):
+            pool = f"pool-{secrets.token_hex(6)}"
+            body = slice_body(name=f"node-a-gpu-{index}", pool=pool)
+            response = await session.post(SLICES, json=body)
+            assert response.status == 403
+            assert pool in (await response.json())["message"]
+            if index == 0:
+                series = set(metric_samples(metrics.render().decode()))
+        after = metric_samples(metrics.render().decode())
+    assert set(after) == series
+    refusals = {k: v for k, v in after.items() if k[0] == "dra_gatekeeper_refusals_total"}
+    assert refusals == {
+        ("dra_gatekeeper_refusals_total", (("driver", GPU), ("reason", "pool-prefix"))): 5.0
+    }
+    assert apiserver.journal == []
