@@ -46,6 +46,15 @@ VERSION_INFO: Final[dict[str, str]] = {
 
 _VERBS: Final = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _SUB_VERBS: Final = ["get", "patch", "update"]
+# A CRD's resource lists its verbs in the apiextensions apiserver's order.
+_CUSTOM_VERBS: Final = [
+    *("delete", "deletecollection", "get", "list", "patch", "create", "update", "watch")
+]
+
+
+def _verbs(kind: ServedKind) -> list[str]:
+    return list(_CUSTOM_VERBS if kind.custom else _VERBS)
+
 
 _CORE_STATIC: Final = tuple(
     ServedKind("", resource, kind, namespaced, ("v1",), short_names=short)
@@ -78,7 +87,9 @@ def _group_versions(kinds: Sequence[ServedKind], group: str) -> list[str]:
 
 
 def _groups(kinds: Sequence[ServedKind]) -> list[str]:
-    return sorted({k.group for k in kinds if k.group})
+    # The apiserver lists its built-in groups first, then those of custom resources.
+    custom = {k.group for k in kinds if k.custom}
+    return sorted({k.group for k in kinds if k.group}, key=lambda g: (g in custom, g))
 
 
 def api_versions(server_address: str) -> dict[str, Any]:
@@ -129,10 +140,11 @@ def api_resource_list(
             "singularName": kind.singular_name,
             "namespaced": kind.namespaced,
             "kind": kind.kind,
-            "verbs": list(_VERBS),
+            "verbs": _verbs(kind),
         }
         if kind.short_names:
             entry["shortNames"] = list(kind.short_names)
+        entry["storageVersionHash"] = kind.storage_version_hash
         resources.append(entry)
         resources += [
             {
@@ -153,14 +165,16 @@ def api_resource_list(
     }
 
 
-def _discovery_resource(kind: ServedKind) -> dict[str, Any]:
-    response_kind = {"group": "", "version": "", "kind": kind.kind}
+def _discovery_resource(kind: ServedKind, version: str) -> dict[str, Any]:
+    # A built-in resource leaves group and version to its group-version; a CRD's names them.
+    group, version = (kind.group, version) if kind.custom else ("", "")
+    response_kind = {"group": group, "version": version, "kind": kind.kind}
     entry: dict[str, Any] = {
         "resource": kind.resource,
         "responseKind": response_kind,
         "scope": "Namespaced" if kind.namespaced else "Cluster",
         "singularResource": kind.singular_name,
-        "verbs": list(_VERBS),
+        "verbs": _verbs(kind),
     }
     if kind.short_names:
         entry["shortNames"] = list(kind.short_names)
@@ -186,7 +200,9 @@ def aggregated_discovery(
                 "versions": [
                     {
                         "version": v,
-                        "resources": [_discovery_resource(k) for k in _kinds_at(kinds, group, v)],
+                        "resources": [
+                            _discovery_resource(k, v) for k in _kinds_at(kinds, group, v)
+                        ],
                         "freshness": "Current",
                     }
                     for v in versions

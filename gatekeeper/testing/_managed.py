@@ -60,6 +60,8 @@ def _tracked(obj: KubeObject, subresource: str, status_split: bool) -> set[Path]
             continue
         paths |= _leaves(value, (key,))
     meta = obj.get("metadata") or {}
+    if subresource != "status" and isinstance(meta.get("generateName"), str):
+        paths.add(("metadata", "generateName"))  # the apiserver tracks it (f:generateName)
     for name in _MAPS:
         if isinstance(meta.get(name), dict):
             paths |= {("metadata", name, key) for key in meta[name]}
@@ -181,7 +183,18 @@ def owned_after(
         result.append(_entry(manager, operation, api_version, mine, subresource))
     elif mine_at >= 0 and not mine:
         del result[mine_at]
-    return result
+    return sorted(result, key=_entry_order)
+
+
+def _entry_order(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The apiserver's order of entries: Apply before Update, then by time (to the second),
+    manager and subresource (``sortEncodedManagedFields`` in k8s.io/apiserver)."""
+    return (
+        str(entry.get("operation", "")),
+        str(entry.get("time") or ""),
+        str(entry.get("manager", "")),
+        str(entry.get("subresource", "")),
+    )
 
 
 def _conflict(conflicts: list[tuple[dict[str, Any], Path]]) -> APIError:

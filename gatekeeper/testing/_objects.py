@@ -2,9 +2,10 @@
 
 Deliberate differences from the apiserver: little per-kind validation and no defaulting
 runs (name rules, ``immutable_fields``, the ``status`` subresource split and the few typed
-rules of ``_typed``), ``generation`` is set on every kind, and a body whose ``apiVersion`` is
+rules of ``_typed``), and a body whose ``apiVersion`` is
 another served version of the kind is refused (400) instead of converted. ``managedFields``
-are computed by ``_managed``; those sent by a client are ignored.
+are computed by ``_managed``; those sent by a client are ignored. ``generation`` is kept
+for every kind but the built-in ones whose strategy sets none (``ServedKind.sets_generation``).
 """
 
 from __future__ import annotations
@@ -155,9 +156,12 @@ def prepare_create(
         meta["namespace"] = ns
     else:
         meta.pop("namespace", None)
-    meta |= {"uid": new_uid(), "generation": 1, "creationTimestamp": now_timestamp()} | kept
+    generation = {"generation": 1} if kind.sets_generation else {}
+    meta |= {"uid": new_uid(), **generation, "creationTimestamp": now_timestamp()} | kept
     if reset_status and "status" in kind.subresources:
         out.pop("status", None)
+    if kind.status_always:
+        out.setdefault("status", {})
     out["metadata"] = _ordered_meta(meta)
     return {
         "kind": kind.kind,
@@ -268,6 +272,8 @@ def prepare_update(
         new = dict(stored)
         if "status" in body:
             new["status"] = deep(copy.deepcopy, body["status"])
+        elif kind.status_always:
+            new["status"] = {}
         else:
             new.pop("status", None)
         return new
@@ -283,7 +289,7 @@ def prepare_update(
             new["status"] = stored["status"]
     new = {"kind": kind.kind, "apiVersion": stored["apiVersion"], **new}
     _check_immutable(kind, version, stored, new)
-    if deep(_differ, _spec_part(new), _spec_part(stored)):
+    if kind.sets_generation and deep(_differ, _spec_part(new), _spec_part(stored)):
         new_meta["generation"] = int(stored["metadata"].get("generation", 0)) + 1
     new["metadata"] = _ordered_meta(new_meta)
     return new

@@ -62,15 +62,15 @@ def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
                 and not key.startswith("metadata.")
                 and not paths[fld].startswith("metadata.")
             }
-            # Driver and node are immutable, as on a real 1.36 apiserver (recordings 52, 53).
-            # So is a ResourceSlice's pool name there (recordings 171-173, and RESOURCE_SLICES
-            # here), but the policy does not say which kinds share that rule (issue 9 makes it a
-            # per-version policy fact): until it does, the pool stays mutable in served kinds.
+            # Driver and node are immutable, as on a real 1.36 apiserver (recordings 52, 53);
+            # so is whatever else the policy's `immutable` says the apiserver keeps (a
+            # ResourceSlice's pool name: recordings 171-173, and the differential run).
             immutable[version] = tuple(
                 sorted(
                     path
                     for fld, path in paths.items()
-                    if fld is not Field.POOL and not path.startswith("metadata.")
+                    if (fld is not Field.POOL or fld in vspec.immutable)
+                    and not path.startswith("metadata.")
                 )
             )
         served.append(

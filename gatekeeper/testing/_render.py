@@ -61,15 +61,32 @@ _EXTRA_COLUMNS: dict[tuple[str, str], Sequence[tuple[str, str, Cell]]] = {
     ("resource.k8s.io", "resourceslices"): (
         (
             "Node",
-            "NodeName identifies the node which provides the resources in this pool.",
+            "NodeName identifies the node which provides the resources in this pool. A field "
+            "selector can be used to list only ResourceSlice objects belonging to a certain "
+            "node.\n\nThis field can be used to limit access from nodes to ResourceSlices with "
+            "the same node name. It also indicates to autoscalers that adding new nodes of the "
+            "same type as some old node might also make new resources available.\n\nExactly "
+            "one of NodeName, NodeSelector, AllNodes, and PerDeviceNodeSelection must be set. "
+            "This field is immutable.",
             _path("spec", "nodeName"),
         ),
         (
             "Driver",
-            "Driver identifies the DRA driver providing the capacity information.",
+            "Driver identifies the DRA driver providing the capacity information. A field "
+            "selector can be used to list only ResourceSlice objects with a certain driver "
+            "name.\n\nMust be a DNS subdomain and should end with a DNS domain owned by the "
+            "vendor of the driver. It should use only lower case characters. This field is "
+            "immutable.",
             _path("spec", "driver"),
         ),
-        ("Pool", "Name is used to identify the pool.", _path("spec", "pool", "name")),
+        (
+            "Pool",
+            "Name is used to identify the pool. For node-local devices, this is often the node "
+            "name, but this is not required.\n\nIt must not be longer than 253 characters and "
+            "must consist of one or more DNS sub-domains separated by slashes. This field is "
+            "immutable.",
+            _path("spec", "pool", "name"),
+        ),
     ),
     ("resource.k8s.io", "resourceclaims"): (
         (
