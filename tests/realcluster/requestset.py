@@ -21,6 +21,7 @@ from typing import Any
 from tests.realcluster.cluster import Api, ApiError, RealCluster
 from tests.realcluster.objects import CLAIMS, allocate_claim, create_claim
 from tests.realcluster.processes import GatekeeperProcess
+from tests.recorded import parse
 
 __all__ = ["Outcome", "apiserver_events_since", "apiserver_offset", "run_set"]
 
@@ -223,6 +224,6 @@ def apiserver_events_since(cluster: RealCluster, offset: int) -> Iterator[dict[s
         log.seek(offset)
         for line in log:
             if line.strip():
-                event = json.loads(line)
+                event = parse(line.decode())  # deep: see RealCluster.audit_events
                 if event.get("stage") in ("ResponseComplete", "Panic"):
                     yield event
