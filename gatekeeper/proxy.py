@@ -7,7 +7,7 @@ is a :class:`~gatekeeper.flow.Flow`, and the audit event is built from it in ``f
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -80,8 +80,10 @@ class Gatekeeper:
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 
 
-def build_app(gatekeeper: Gatekeeper) -> web.Application:
-    app = web.Application(client_max_size=0, middlewares=[_any_target])
+def build_app(gatekeeper: Gatekeeper, outer: Sequence[Any] = ()) -> web.Application:
+    """The gatekeeper's aiohttp app; ``outer`` middlewares (in-flight drain, metrics) wrap
+    every request, those the router cannot match included."""
+    app = web.Application(client_max_size=0, middlewares=[*outer, _any_target])
     app[GATEKEEPER] = gatekeeper
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
@@ -89,9 +91,11 @@ def build_app(gatekeeper: Gatekeeper) -> web.Application:
 
 @web.middleware
 async def _any_target(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Targets the router cannot match (``CONNECT host:443``, ``OPTIONS *``) still go through
-    the pipeline, which refuses them with a Status and an audit event (not aiohttp's 404)."""
-    if not request.raw_path.startswith("/"):
+    """Every request goes through the pipeline, which answers with a Status and an audit event,
+    also those the router cannot match (not aiohttp's text/plain 404): ``CONNECT host:443``,
+    ``OPTIONS *``, and ``CONNECT /api`` (aiohttp reads a CONNECT target as an authority, so
+    even a path does not match the catch-all route)."""
+    if request.match_info.http_exception is not None:
         return await handle(request)
     return await handler(request)  # type: ignore[no-any-return]
 

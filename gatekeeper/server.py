@@ -215,9 +215,8 @@ class GatekeeperServer:
         drivers = sorted(self.engine.policy.drivers)
         self._listeners = bind_listeners(self.config, drivers, self._sockets)
         await self.upstream.start()
-        app = build_app(self.gatekeeper)
-        app.middlewares.append(self.in_flight.middleware)
-        app.middlewares.append(self.metrics.middleware(self._driver_of))
+        outer = (self.in_flight.middleware, self.metrics.middleware(self._driver_of))
+        app = build_app(self.gatekeeper, outer)
         # In-flight requests are drained before the runner shuts down (InFlight.drain).
         runner = GuardedRunner(
             app,

@@ -303,6 +303,31 @@ async def test_other_methods_are_refused(
     assert apiserver.journal == []
 
 
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [
+        ("CONNECT", "/api"),
+        ("CONNECT", SLICES),
+        ("CONNECT", "localhost:443"),
+        ("OPTIONS", "*"),
+    ],
+)
+async def test_every_target_form_is_a_status_and_an_event(
+    apiserver: APIServer, policy: Any, pki: Any, method: str, target: str
+) -> None:
+    """aiohttp reads a CONNECT target as an authority, so even ``CONNECT /api`` matches no
+    route: the pipeline still answers it, with a Status, an Audit-Id and an event."""
+    sink = RecordingSink()
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as running:
+        code, headers, status = await raw_request(running, method, target)
+    assert code == 403 and headers["content-type"].startswith("application/json")
+    assert status["kind"] == "Status" and f"method {method} is not allowed" in status["message"]
+    (event,) = sink.by_id(headers["audit-id"])
+    assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
+    assert event["responseStatus"]["code"] == 403
+    assert apiserver.journal == []
+
+
 async def test_foreign_objects_are_checked_before_any_write(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
