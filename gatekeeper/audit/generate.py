@@ -181,10 +181,14 @@ def _scope(entry: _Seen) -> Scope:
 
 def _version_doc(spec: VersionSpec) -> dict[str, Any]:
     if spec.allocation is not None:
-        return {
-            key: ".".join(getattr(spec.allocation, attribute))
-            for key, attribute in ALLOCATION_KEYS.items()
-        }
+        allocation = spec.allocation
+        doc = {key: ".".join(getattr(allocation, attr)) for key, attr in ALLOCATION_KEYS.items()}
+        # Without them a generated policy would compare opaque data by meaning, and refuse
+        # a client's re-spelling of the times it read.
+        for key, paths in (("opaque", allocation.opaque), ("times", allocation.times)):
+            if paths:
+                doc[key] = [".".join(path) for path in paths]
+        return doc
     doc: dict[str, Any] = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
     defaults = {fld: ".".join(spec.paths[fld]) for fld in (Field.DRIVER, Field.NODE)}
     if any(spec.selectors[fld] != defaults[fld] for fld in defaults):
