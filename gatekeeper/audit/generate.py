@@ -28,7 +28,7 @@ from gatekeeper.policy import (
     VersionSpec,
 )
 from gatekeeper.policy.loader import ALLOCATION_KEYS
-from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS
+from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS, AllocationPaths
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import parse_field_selector
@@ -181,20 +181,25 @@ def _scope(entry: _Seen) -> Scope:
 
 def _version_doc(spec: VersionSpec) -> dict[str, Any]:
     if spec.allocation is not None:
-        allocation = spec.allocation
-        doc = {key: ".".join(getattr(allocation, attr)) for key, attr in ALLOCATION_KEYS.items()}
-        # Without them a generated policy would compare opaque data by meaning, and refuse
-        # a client's re-spelling of the times it read.
-        for key, paths in (("opaque", allocation.opaque), ("times", allocation.times)):
-            if paths:
-                doc[key] = [".".join(path) for path in paths]
-        return doc
+        return _allocation_doc(spec.allocation)
     doc: dict[str, Any] = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
     defaults = {fld: ".".join(spec.paths[fld]) for fld in (Field.DRIVER, Field.NODE)}
     if any(spec.selectors[fld] != defaults[fld] for fld in defaults):
         doc["fieldSelectors"] = {fld.value: spec.selectors[fld] for fld in defaults}
     if spec.forbidden:
         doc["forbidden"] = [".".join(path) for path in spec.forbidden]
+    return doc
+
+
+def _allocation_doc(allocation: AllocationPaths) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        key: ".".join(getattr(allocation, attr)) for key, attr in ALLOCATION_KEYS.items()
+    }
+    # Without them a generated policy would compare opaque data by meaning, and refuse a
+    # client's re-spelling of the times it read.
+    for key, paths in (("opaque", allocation.opaque), ("times", allocation.times)):
+        if paths:
+            doc[key] = [".".join(path) for path in paths]
     return doc
 
 
