@@ -27,11 +27,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gatekeeper.audit import build_event
-from gatekeeper.filtering import DROPPED
 from gatekeeper.flow import Flow
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.policy import Decision
 from gatekeeper.proxy import GATEKEEPER, Gatekeeper
+from gatekeeper.scoped import DROPPED
 from gatekeeper.status import status_body
 
 __all__ = ["CALLER_ANNOTATION", "ConnectionGuard", "GuardedRunner", "IsolationCollector"]

@@ -8,11 +8,12 @@ Connections are capped in :mod:`gatekeeper.connections`; the upstream pools in
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import resource
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ConfigError, Refusal
@@ -41,6 +42,10 @@ class Limits:
     """Requests (not watches) of one driver being served at once; more: 429."""
     watches_per_driver: int = 64
     """Open watches of one driver; more: 429."""
+    filtered_reads_per_driver: int = 4
+    """Filtered lists and watch primes of one driver read at once; more wait their turn (up
+    to ``upstream_wait``, then 429), so the memory and the event loop's time they take do
+    not grow with the driver's concurrency."""
     connections_per_driver: int = 128
     """Open connections from one driver (socket directory or certificate CN)."""
     connections_total: int = 1024
@@ -79,6 +84,10 @@ DEFAULT_LIMITS = Limits()
 _FLAGS = {
     "--max-requests-per-driver": ("inflight_per_driver", "requests of one driver served at once"),
     "--max-watches-per-driver": ("watches_per_driver", "open watches of one driver"),
+    "--max-filtered-reads-per-driver": (
+        "filtered_reads_per_driver",
+        "filtered lists and watch primes of one driver read at once",
+    ),
     "--max-connections-per-driver": ("connections_per_driver", "connections of one driver"),
     "--max-connections": ("connections_total", "connections of all drivers"),
     "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
@@ -149,7 +158,8 @@ def _raise_nofile() -> int:
 
 
 class DriverBudgets:
-    """In-flight requests and open watches per driver; a request over budget is refused."""
+    """In-flight requests, open watches and filtered reads per driver; a request over budget
+    is refused (a filtered read waits its turn first)."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
@@ -157,6 +167,45 @@ class DriverBudgets:
         self.watches: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         """Requests refused as over budget, per driver (exported by the metrics endpoint)."""
+        self._filtered: dict[str, _Turns] = {}
+
+    def filtered_reads(self, driver: str) -> int:
+        """``driver``'s filtered reads now, holding a turn or waiting for one."""
+        turns = self._filtered.get(driver)
+        return 0 if turns is None else turns.users
+
+    @asynccontextmanager
+    async def filtered_read(self, driver: str) -> AsyncIterator[None]:
+        """Hold one of ``driver``'s filtered-read turns for the duration (README, "Filtered
+        reads"); wait for one up to ``upstream_wait``, then Refusal(429). Drivers never wait
+        for each other's turns."""
+        turns = self._filtered.get(driver)
+        if turns is None:
+            turns = self._filtered[driver] = _Turns(self.limits.filtered_reads_per_driver)
+        turns.users += 1
+        try:
+            try:
+                async with asyncio.timeout(self.limits.upstream_wait):
+                    await turns.free.acquire()
+            except TimeoutError:
+                self.refused[driver] += 1
+                limit = self.limits.filtered_reads_per_driver
+                raise Refusal(
+                    429,
+                    f"driver has {limit} filtered reads in progress, its budget",
+                    f'too many requests: driver "{driver}" waited '
+                    f"{self.limits.upstream_wait:g} seconds behind its own {limit} filtered "
+                    f"lists or watch primes; retry later",
+                    retry_after=_RETRY_AFTER,
+                ) from None
+            try:
+                yield
+            finally:
+                turns.free.release()
+        finally:
+            turns.users -= 1
+            if turns.users == 0:
+                del self._filtered[driver]  # bounded by the drivers reading now
 
     @contextmanager
     def admit(self, driver: str, *, watch: bool) -> Iterator[None]:
@@ -180,3 +229,13 @@ class DriverBudgets:
             counts[driver] -= 1
             if counts[driver] <= 0:
                 del counts[driver]
+
+
+class _Turns:
+    """One driver's filtered-read turns, and how many requests hold or wait for one."""
+
+    __slots__ = ("free", "users")
+
+    def __init__(self, size: int) -> None:
+        self.free = asyncio.Semaphore(size)
+        self.users = 0

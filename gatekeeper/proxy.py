@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -27,13 +28,7 @@ from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.audit.event import ERROR_ANNOTATION
 from gatekeeper.body import decode_body, read_limited
 from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.filtering import (
-    DROPPED_ANNOTATION,
-    PLAIN_JSON,
-    WatchFilter,
-    prime_watch,
-    scoped_chunks,
-)
+from gatekeeper.filtering import PLAIN_JSON, scoped_chunks, scoped_error
 from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import (
     accepts_plain_json,
@@ -43,10 +38,12 @@ from gatekeeper.headers import (
 )
 from gatekeeper.identity import identify
 from gatekeeper.limits import DriverBudgets
+from gatekeeper.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
 from gatekeeper.preview import preview_patch
 from gatekeeper.requestinfo import RequestInfo, parse_request
+from gatekeeper.scoped import DROPPED_ANNOTATION, WatchFilter
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamResponse
@@ -201,14 +198,54 @@ async def read_body(
 async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
-    assert decision is not None and decision.target is not None
-    target = decision.target
+    assert decision is not None and decision.target is not None and flow.identity is not None
     payload = None if decision.body is None else jsoncodec.dumps(decision.body)
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
     )
-    watch_state = await _prepare_filter(flow, decision, headers, gk.upstream)
+    if decision.filter is None:
+        return await _exchange(request, flow, gk, decision.target, headers, payload, None)
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    target = upstream_target(decision.target)
+    pages = _pages(gk.upstream, headers)
+    driver = flow.identity.driver
+    state = WatchFilter(decision.filter)  # counts what a get or list drops
+    if flow.long_running and (listing := prime_listing(target)) is not None:
+        # SECURITY: README "Filtered reads" — a watch's prime is a list read like any other:
+        # it takes one of the driver's requests in flight and one of its filtered-read turns.
+        with gk.budgets.admit(driver, watch=False):
+            async with gk.budgets.filtered_read(driver):
+                state = await prime_watch(pages, listing, decision.filter)
+    if target.verb != "list":
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+    async with gk.budgets.filtered_read(driver):
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+
+
+def _pages(upstream: Upstream, headers: dict[str, str]) -> PageOpener:
+    """Opens further pages of a filtered list with the request's own headers."""
+
+    def page(info: RequestInfo) -> AbstractAsyncContextManager[UpstreamResponse]:
+        return upstream.stream("GET", info.target, headers, None, long_running=False)
+
+    return page
+
+
+async def _exchange(
+    request: web.Request,
+    flow: Flow,
+    gk: Gatekeeper,
+    target: RequestInfo,
+    headers: dict[str, str],
+    payload: bytes | None,
+    filtered: tuple[WatchFilter, PageOpener] | None,
+) -> web.StreamResponse:
+    """The upstream round trip of :func:`forward`, filtered when ``filtered`` says how."""
+    assert flow.decision is not None
+    media_type = None if payload is None else flow.decision.media_type
     flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     try:
@@ -218,8 +255,10 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             flow.upstream_audit_id = answer.headers.get("Audit-Id", "")
             flow.status_code = answer.status
             body = answer.chunks()
-            if answer.status < 400 and decision.filter is not None:
-                scoped = await scoped_chunks(target, body, decision.filter, watch_state)
+            if answer.status < 400 and filtered is not None:
+                state, pages = filtered
+                keep = state.keep
+                scoped = await scoped_chunks(target, body, keep, state, pages)
                 if isinstance(scoped, Decision):
                     # The object left the driver's scope after the engine's read: one 404.
                     flow.decision = scoped
@@ -229,7 +268,8 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
                 status=answer.status,
                 headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            flow.response_object = await _relay(request, response, flow, gk, answer, body)
+            scrub = filtered is not None
+            flow.response_object = await _relay(request, response, flow, gk, answer, body, scrub)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -258,24 +298,10 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             request.transport.close()
         return response
     finally:
-        if watch_state is not None and watch_state.dropped:
-            flow.annotations[DROPPED_ANNOTATION] = watch_state.annotation()
+        if filtered is not None and filtered[0].dropped:
+            flow.annotations[DROPPED_ANNOTATION] = filtered[0].annotation()
     flow.finish(answer.status)
     return response
-
-
-async def _prepare_filter(
-    flow: Flow, decision: Decision, headers: dict[str, str], upstream: Upstream
-) -> WatchFilter | None:
-    """For a response filtered object by object: plain JSON, and a watch's starting state."""
-    if decision.filter is None or decision.target is None:
-        return None
-    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
-    # a Table or metadata-only answer cannot be, so it is never asked for.
-    headers["Accept"] = PLAIN_JSON
-    if not flow.long_running:
-        return WatchFilter(decision.filter)  # counts what a get or list drops
-    return await prime_watch(upstream, decision.target, decision.filter)
 
 
 async def _relay(
@@ -285,8 +311,12 @@ async def _relay(
     gk: Gatekeeper,
     answer: UpstreamResponse,
     body: AsyncIterator[bytes],
+    scrub: bool = False,
 ) -> KubeObject | None:
-    """Write the upstream's answer to the driver; the captured response object, if logged."""
+    """Write the upstream's answer to the driver; the captured response object, if logged.
+
+    ``scrub``: the read is filtered, so an error answer is rebuilt from its Status's code,
+    reason, message and details alone (:func:`~gatekeeper.filtering.scoped_error`)."""
     capture = ResponseCapture(
         gk.audit_level is AuditLevel.REQUEST_RESPONSE
         and logs_bodies(flow.info)
@@ -295,6 +325,10 @@ async def _relay(
     )
     if answer.status >= 400:
         head = await answer.read(_MAX_CAPTURED_ERROR)
+        if scrub:
+            # A HEAD answer has no body to rebuild (the apiserver sends none).
+            empty = request.method == "HEAD"
+            head, body = b"" if empty else scoped_error(head, answer.status), _nothing()
         flow.status_message = _message_of(head)
         await response.prepare(request)
         capture.feed(head)
@@ -309,6 +343,11 @@ async def _relay(
         await response.write(chunk)
     await response.write_eof()
     return capture.result()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
 
 
 def _answer(flow: Flow, answer: Decision) -> web.Response:

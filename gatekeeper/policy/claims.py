@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
-from gatekeeper.policy.decision import Decision, allow, forbid, not_found
+from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
 from gatekeeper.policy.integrity import body_shape, patch_result, pinned_update
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
@@ -23,6 +23,7 @@ from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
 __all__ = [
+    "CONTINUE_REFUSED",
     "OUT_OF_SCOPE",
     "STATUS",
     "AllocationScope",
@@ -37,6 +38,12 @@ STATUS = "status"
 """The one subresource the rule writes through."""
 OUT_OF_SCOPE = "not allocated to the driver on this node"
 """The reason (audit only) of the 404 that hides an object out of scope."""
+CONTINUE_REFUSED = (
+    "a filtered list is answered in full (limit is ignored) and hands out no continue token"
+)
+"""The reason of the 400 for a ``continue`` on a filtered list or watch: the apiserver's token
+names the last key of its page, often an object hidden from the driver, so none is passed on,
+and any presented is not one of the gatekeeper's."""
 
 _READS = frozenset({"get", "list", "watch"})
 _WRITES = frozenset({"update", "patch"})
@@ -102,8 +109,14 @@ def decide_allocated(
     """Decide a request :func:`request_refusal` let through, for the caller ``scope.driver``;
     ``proposed`` is a patch's preview with the upstream's answer, if there was one."""
     if info.verb in ("list", "watch"):
+        if info.query_value("continue") is not None:
+            return deny(400, CONTINUE_REFUSED, f"continue is not accepted for {kind.qualified}: "
+                        f"{CONTINUE_REFUSED}; list again without continue")  # fmt: skip
+        # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
+        # passed on (the proxy pages the upstream itself and hands out no continue token).
+        target = info.with_query("limit", None)
         return allow(
-            "objects are filtered to the driver's allocations on this node", info, filter=scope
+            "objects are filtered to the driver's allocations on this node", target, filter=scope
         )
     if current is None:
         return not_found(info, kind.qualified)
