@@ -26,7 +26,8 @@ from gatekeeper.audit import (
 )
 from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.audit.event import ERROR_ANNOTATION
-from gatekeeper.body import decode_body, read_limited
+from gatekeeper.body import JSON, decode_body, read_limited
+from gatekeeper.encoded import ENCODED_MEDIA_TYPES, read_encoded
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.filtering import PLAIN_JSON, scoped_chunks, scoped_error
 from gatekeeper.flow import Flow, Forwarded
@@ -41,7 +42,7 @@ from gatekeeper.limits import DriverBudgets
 from gatekeeper.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
-from gatekeeper.preview import preview_patch
+from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.scoped import DROPPED_ANNOTATION, WatchFilter
 from gatekeeper.status import status_body
@@ -174,7 +175,7 @@ async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:
     if plan.fetch is not None:
         flow.current = await gk.upstream.fetch(plan.fetch)
     if (preview := plan.preview(flow.body, flow.current)) is not None:
-        flow.proposed = await preview_patch(gk.upstream, preview)
+        flow.proposed = await run_preview(gk.upstream, preview)
     return gk.engine.decide(plan, flow.body, flow.current, flow.proposed)
 
 
@@ -189,6 +190,10 @@ async def read_body(
     raw = await (read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout))
     if not raw:
         return media_type, None
+    if media_type in ENCODED_MEDIA_TYPES:
+        encoded = read_encoded(raw, media_type, info.verb)
+        # A protobuf DeleteOptions body is read here and goes on as the JSON it stands for.
+        return (JSON, encoded) if isinstance(encoded, dict) else (media_type, encoded)
     media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
     if not isinstance(decoded, dict) and not (info.verb == "patch" and isinstance(decoded, list)):
         raise Refusal(400, "request body must be a JSON object (or a JSON patch list)")
@@ -199,7 +204,7 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
     assert decision is not None and decision.target is not None and flow.identity is not None
-    payload = None if decision.body is None else jsoncodec.dumps(decision.body)
+    payload = _payload(decision.body)
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
@@ -378,6 +383,13 @@ def _internal_error(flow: Flow, exc: Exception) -> web.Response:
     flow.response_object = body
     flow.finish(500, f"internal error: {type(exc).__name__}")
     return web.json_response(body, status=500, headers={"Audit-Id": flow.audit_id})
+
+
+def _payload(body: Any) -> bytes | None:
+    """The forwarded body: an encoded body's bytes as they are, anything else as JSON."""
+    if body is None or isinstance(body, bytes):
+        return body
+    return jsoncodec.dumps(body)
 
 
 def _message_of(payload: bytes) -> str:

@@ -98,7 +98,8 @@ class Upstream(Protocol):
     async def request(
         self, method: str, target: str, body: Any = None, media_type: str = _JSON
     ) -> tuple[int, KubeObject]:
-        """One JSON request of the gatekeeper's own (a dry run, a list): status and object."""
+        """One request of the gatekeeper's own (a dry run, a list), answered in JSON: status and
+        object. ``body`` is JSON-encoded unless it is bytes already (an encoded body)."""
         ...
 
     def stream(
@@ -189,7 +190,7 @@ class UpstreamSession:
         payload = None
         if body is not None:
             headers["Content-Type"] = media_type
-            payload = jsoncodec.dumps(body)
+            payload = body if isinstance(body, bytes) else jsoncodec.dumps(body)
         own = self.pools["own"]
         async with self._open(own, method, target, headers, payload, False) as response:
             obj = await read_json_object(response.chunks(), target, limit=MAX_OBJECT_BYTES)

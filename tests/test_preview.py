@@ -12,7 +12,7 @@ from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Engine, Policy
 from gatekeeper.policy.patching import STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.preview import preview_patch
+from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import parse_request
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN, SLICES, seed
@@ -42,7 +42,7 @@ async def test_the_preview_is_the_result_and_changes_nothing(
 ) -> None:
     stored = seed(apiserver)
     preview = planned_preview(policy, {"metadata": {"labels": {"a": "b"}}}, stored)
-    answered = await preview_patch(upstream, preview)
+    answered = await run_preview(upstream, preview)
     assert (answered.code, answered.rejected) == (200, False)
     assert answered.result is not None and answered.result["metadata"]["labels"] == {"a": "b"}
     assert answered.body is preview.body  # the pinned patch is not rebuilt
@@ -65,7 +65,7 @@ async def test_a_stale_preview_is_the_apiservers_conflict(
 ) -> None:
     stored = seed(apiserver)
     stale = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "999"}}
-    answered = await preview_patch(upstream, planned_preview(policy, {"spec": {}}, stale))
+    answered = await run_preview(upstream, planned_preview(policy, {"spec": {}}, stale))
     assert answered.rejected and answered.code == 409
     assert answered.result is not None
     assert (answered.result["kind"], answered.result["reason"]) == ("Status", "Conflict")

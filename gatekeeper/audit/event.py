@@ -8,14 +8,18 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from gatekeeper.encoded import EncodedBody
 from gatekeeper.flow import Flow
 from gatekeeper.identity import DRIVERS_GROUP
+from gatekeeper.policy.encoded import DECODED_BY_UPSTREAM
 from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.types import KubeObject
 
 __all__ = [
     "CLIENT_AUDIT_ID_ANNOTATION",
     "CONTENT_TYPE_ANNOTATION",
     "DECISION_ANNOTATION",
+    "DECODED_ANNOTATION",
     "ERROR_ANNOTATION",
     "FORWARDED_ANNOTATION",
     "NODE_NAME_EXTRA",
@@ -40,6 +44,8 @@ CONTENT_TYPE_ANNOTATION = "dra-gatekeeper.io/content-type"
 ERROR_ANNOTATION = "dra-gatekeeper.io/error"
 """Set when the request failed before any decision (e.g. upstream unreachable while fetching)."""
 FORWARDED_ANNOTATION = "dra-gatekeeper.io/forwarded"
+DECODED_ANNOTATION = "dra-gatekeeper.io/decoded-by"
+"""On a protobuf or CBOR body: the request object is the apiserver's decoding (a dry run)."""
 """``METHOD target`` sent upstream, when it differs from the driver's request (an apply sent as a
 create, a list with injected selector terms)."""
 STAGE_STARTED = "ResponseStarted"
@@ -113,8 +119,8 @@ def build_event(
         event["objectRef"] = _object_ref(info)
     event["responseStatus"] = _response_status(flow, stage)
     bodies = logs_bodies(info)
-    if level is not AuditLevel.METADATA and bodies and flow.body is not None:
-        event["requestObject"] = flow.body
+    if level is not AuditLevel.METADATA and bodies and (request_object := _request_object(flow)):
+        event["requestObject"] = request_object
     if (
         level is AuditLevel.REQUEST_RESPONSE
         and bodies
@@ -166,6 +172,22 @@ def _user(flow: Flow) -> dict[str, Any]:
     return {"username": flow.identity.driver, "groups": [DRIVERS_GROUP], "extra": extra}
 
 
+def _decoded(flow: Flow) -> KubeObject | None:
+    """The apiserver's decoding of an encoded body (its dry run's answer), if it gave one."""
+    proposed = flow.proposed
+    if proposed is None or proposed.rejected or not isinstance(proposed.result, dict):
+        return None
+    return proposed.result
+
+
+def _request_object(flow: Flow) -> Any:
+    """The request body as JSON: an encoded (protobuf, CBOR) body as the apiserver decoded it,
+    which is what the decision was made on; absent when it was never decoded."""
+    if isinstance(flow.body, EncodedBody):
+        return _decoded(flow)
+    return flow.body
+
+
 def _annotations(flow: Flow) -> dict[str, str]:
     annotations: dict[str, str] = {}
     if flow.decision is not None:
@@ -183,5 +205,9 @@ def _annotations(flow: Flow) -> dict[str, str]:
         annotations[CLIENT_AUDIT_ID_ANNOTATION] = flow.client_audit_id
     if flow.info is not None and flow.info.verb == "patch" and flow.body is not None:
         annotations[CONTENT_TYPE_ANNOTATION] = flow.media_type
+    if isinstance(flow.body, EncodedBody):
+        annotations[CONTENT_TYPE_ANNOTATION] = flow.media_type
+        if _decoded(flow) is not None:
+            annotations[DECODED_ANNOTATION] = DECODED_BY_UPSTREAM
     annotations.update(flow.annotations)
     return annotations

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gatekeeper.encoded import EncodedBody
 from gatekeeper.jsonpath import get_field
 from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
 from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
+from gatekeeper.policy.encoded import decide_encoded, unaccepted_encoding
 from gatekeeper.policy.integrity import (
     body_shape,
     checked_delete_options,
@@ -91,6 +93,8 @@ class Engine:
         if isinstance(screened, Decision):
             return screened
         kind, version = screened
+        if unaccepted := unaccepted_encoding(kind, media_type):
+            return unaccepted
         if kind.rule is KindRule.OWN_NODE:
             # The node's own object: decided on the request alone, nothing to read first.
             return decide_own_node(identity.driver, info, kind, self.node_name)
@@ -113,9 +117,12 @@ class Engine:
         """Decide a planned request.
 
         ``current`` is the object read at ``plan.fetch`` (None if absent); ``proposed`` the
-        :meth:`Plan.preview` of a strategic-merge or apply patch with the upstream's answer
-        (without one, the result is approximated by a merge patch).
+        :meth:`Plan.preview` of a strategic-merge or apply patch, or of a body only the
+        apiserver decodes, with the upstream's answer (without one, a patch's result is
+        approximated by a merge patch).
         """
+        if isinstance(body, EncodedBody):
+            return decide_encoded(self.decide, plan, body, current, proposed)
         info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         media_type = plan.media_type
         if plan.scope is not None:

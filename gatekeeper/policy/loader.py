@@ -19,6 +19,7 @@ from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
     ANY_DRIVER,
+    ENCODINGS,
     OWN_NODE_VERBS,
     POOL_SEPARATORS,
     STRICT_POOL_SEPARATORS,
@@ -53,6 +54,7 @@ _KIND_KEYS = {
     "listSelector",
     "fill",
     "poolSeparators",
+    "encodings",
 }
 _VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors", "immutable"}
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
@@ -209,6 +211,7 @@ def _parse_kind(ctx: Context, key: str, raw: Any) -> KindSpec:
         ),
         fill=fill,
         pool_separators=separators,
+        encodings=_encodings(ctx, join_key(key, "encodings"), kind),
     )
 
 
@@ -248,6 +251,21 @@ def _pool_separators(ctx: Context, key: str, kind: Mapping[str, Any]) -> tuple[s
     if len(set(raw)) != len(raw):
         ctx.fail(key, "lists a separator twice")
     return tuple(raw)
+
+
+def _encodings(ctx: Context, key: str, kind: Mapping[str, Any]) -> frozenset[str]:
+    """``encodings``: request body encodings accepted (default ``[json]``). Protobuf and CBOR
+    are decoded by the apiserver in a dry run: list them only for kinds it serves built in (a
+    custom resource endpoint cannot read protobuf)."""
+    raw = ctx.string_list(kind.get("encodings", ["json"]), key)
+    for value in raw:
+        if value not in ENCODINGS:
+            ctx.fail(key, f"{value!r} is not one of {', '.join(ENCODINGS)}")
+    if "json" not in raw:
+        ctx.fail(key, "must include json (patches and the gatekeeper's own reads are JSON)")
+    if len(set(raw)) != len(raw):
+        ctx.fail(key, "lists an encoding twice")
+    return frozenset(raw)
 
 
 def _check_not_node_local(

@@ -12,6 +12,7 @@ __all__ = [
     "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "ENCODINGS",
     "OWN_NODE_VERBS",
     "POOL_SEPARATORS",
     "STRICT_POOL_SEPARATORS",
@@ -35,6 +36,9 @@ OWN_NODE_VERBS = frozenset({"get"})
 """The verbs an OwnNode kind may allow: reading the one object."""
 POOL_SEPARATORS = ("/", "-", ".")
 """What a policy may let follow the node name in a pool name (``poolSeparators``)."""
+ENCODINGS = ("json", "protobuf", "cbor")
+"""Request body encodings a kind may accept (``encodings``). JSON is read by the gatekeeper;
+protobuf and CBOR are decoded by the apiserver in a dry run, which only built-in kinds allow."""
 STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
 """The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
 node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
@@ -149,6 +153,8 @@ class KindSpec:
     fill: frozenset[Field] = frozenset()
     pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
     """What may follow the node name in a pool name; every version carries it too."""
+    encodings: frozenset[str] = frozenset({"json"})
+    """Request body encodings accepted (:data:`ENCODINGS`); a body in another is 415."""
 
     @property
     def qualified(self) -> str:

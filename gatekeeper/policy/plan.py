@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gatekeeper.encoded import EncodedBody
+from gatekeeper.policy.encoded import encoded_preview
 from gatekeeper.policy.integrity import stored_resource_version
 from gatekeeper.policy.model import KindSpec, VersionSpec
 from gatekeeper.policy.ownership import ownership_violation
@@ -29,7 +31,8 @@ PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """A strategic-merge or apply patch pinned to the fetched object's resourceVersion.
+    """A write whose result the apiserver computes: a strategic-merge or apply patch, or a
+    body only it decodes (protobuf, CBOR), pinned to the fetched object's resourceVersion.
 
     Built once: sent with ``dryRun=All`` to learn what it would store, then the same pinned
     ``body`` is what is forwarded (DESIGN §4.4). ``code`` and ``result`` are the upstream's
@@ -37,9 +40,11 @@ class Preview:
     """
 
     target: RequestInfo
-    """The request forwarded after the decision (the driver's, canonical)."""
+    """The request forwarded after the decision (the driver's, canonical); its method is the
+    dry run's."""
     body: Any
-    """The driver's patch with the resourceVersion precondition."""
+    """The driver's patch with the resourceVersion precondition, or the driver's encoded bytes
+    (protobuf, CBOR) pinned the same way."""
     media_type: str
     code: int = 0
     result: KubeObject | None = None
@@ -89,11 +94,14 @@ class Plan:
         return self.info.verb == "patch" and self.media_type in PREVIEWED
 
     def preview(self, body: Any, current: KubeObject | None) -> Preview | None:
-        """The dry-run request a strategic-merge or apply patch of ``current`` needs, or None.
+        """The dry-run request a strategic-merge or apply patch of ``current``, or a body only
+        the apiserver decodes, needs; or None.
 
         Only for a stored object the caller may touch: nothing about another driver's object
         is asked of the apiserver. A patch that cannot be pinned is refused by ``decide``.
         """
+        if isinstance(body, EncodedBody):
+            return encoded_preview(self, body, current)
         if not self.previews or current is None:
             return None
         if not isinstance(body, dict) or not self.owns(current):

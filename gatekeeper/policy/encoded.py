@@ -1,0 +1,149 @@
+"""Create and update bodies the apiserver decodes (protobuf, CBOR), purely (DESIGN §4.4).
+
+The plan asks for a dry run of the driver's exact bytes (``dryRun=All``, answered in JSON),
+pinned to the fetched resourceVersion for an update; the decision is the one a JSON body equal
+to that answer would get; the same bytes are what is forwarded. No API type is involved: the
+pin is a wire-format edit of meta/v1 ObjectMeta (:mod:`gatekeeper.kubeproto`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from gatekeeper.encoded import PROTOBUF, EncodedBody, encoding_name
+from gatekeeper.kubeproto import ProtobufError, with_resource_version
+from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, answered, deny, forbid
+from gatekeeper.policy.integrity import stale_conflict, stored_resource_version
+from gatekeeper.policy.model import Field, KindSpec
+from gatekeeper.types import KubeObject
+
+if TYPE_CHECKING:
+    from gatekeeper.policy.plan import Plan, Preview
+
+__all__ = ["DECODED_BY_UPSTREAM", "decide_encoded", "encoded_preview", "unaccepted_encoding"]
+
+DECODED_BY_UPSTREAM = "the apiserver decoded the request body in a dry run"
+"""Audit annotation value: the request object recorded is the apiserver's decoding."""
+
+_JSON = "application/json"
+_NAME_PATH = ("metadata", "name")
+
+
+def unaccepted_encoding(kind: KindSpec, media_type: str) -> Decision | None:
+    """415 when the policy does not list the body's encoding for ``kind``: checked before
+    anything goes upstream (a custom resource endpoint cannot read protobuf at all)."""
+    encoding = encoding_name(media_type)
+    if encoding in kind.encodings:
+        return None
+    accepted = ", ".join(sorted(kind.encodings))
+    return deny(
+        415,
+        f"{encoding} request bodies are not accepted for {kind.qualified} (policy encodings: "
+        f"{accepted})",
+        "the body of the request was in an unknown format - accepted media types include: "
+        f"application/json ({kind.qualified} accepts {accepted} request bodies through the "
+        "gatekeeper)",
+    )
+
+
+def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -> Preview | None:
+    """The dry run that decodes ``body``: a create as it is; an update only of a stored object
+    the caller may touch, pinned to its resourceVersion (a body asking for another version is
+    refused as stale without asking)."""
+    from gatekeeper.policy.plan import Preview
+
+    if plan.info.verb == "create":
+        return Preview(plan.info, body.raw, body.media_type)
+    if current is None or not plan.owns(current):
+        return None
+    stored = stored_resource_version(current)
+    raw = body.raw
+    if body.envelope is not None:
+        if body.resource_version not in ("", stored):
+            return None
+        if body.media_type == PROTOBUF and not body.resource_version:
+            # SECURITY: DESIGN §4.4 — a protobuf update without resourceVersion is unconditional
+            # (recording 210): pinned, a change after the check fails with 409.
+            try:
+                raw = with_resource_version(raw, stored)
+            except ProtobufError:
+                return None
+    return Preview(plan.info, raw, body.media_type)
+
+
+def decide_encoded(
+    decide_json: Callable[[Plan, Any, KubeObject | None], Decision],
+    plan: Plan,
+    body: EncodedBody,
+    current: KubeObject | None,
+    proposed: Preview | None,
+) -> Decision:
+    """The decision on ``body``: the JSON decision on the apiserver's decoding of it, with the
+    driver's (pinned) bytes as what is forwarded. ``decide_json`` is the engine's JSON path."""
+    info, kind = plan.info, plan.kind
+    json_plan = replace(plan, media_type=_JSON)
+    if info.verb == "update":
+        if current is None or not plan.owns(current):
+            # The stored object decides (404, or "the stored object's …"): nothing was asked.
+            return decide_json(json_plan, None, current)
+        stored = stored_resource_version(current)
+        if conflict := stale_conflict(info, kind, body.resource_version, stored):
+            return conflict
+    if proposed is None or proposed.result is None:
+        return deny(400, f"the {encoding_name(body.media_type)} request body could not be decoded")
+    if proposed.rejected:
+        # Bad bytes (400), an invalid object (422), a conflict (409): the apiserver's own answer.
+        return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
+    if body.unreadable:
+        return deny(
+            400,
+            f"the gatekeeper cannot read the protobuf envelope ({body.unreadable}), although the "
+            "apiserver decoded it",
+        )
+    decoded = _as_sent(proposed.result, body)
+    if (problem := _generated_pool(plan, decoded)) is not None:
+        return forbid(plan.driver, info, problem)
+    decision = decide_json(json_plan, decoded, current)
+    if not decision.forwards:
+        return decision
+    if _without_version(decision.body) != _without_version(decoded):
+        # The JSON path changed the object (``fill``): the driver's bytes cannot carry that.
+        return forbid(
+            plan.driver,
+            info,
+            f"the object must name its driver, node and pool itself: fields are filled only in "
+            f"JSON bodies, not in {encoding_name(body.media_type)}",
+        )
+    return replace(decision, body=proposed.body, media_type=body.media_type)
+
+
+def _as_sent(result: KubeObject, body: EncodedBody) -> KubeObject:
+    """The decoded object with the resourceVersion the driver sent (the dry run ran pinned)."""
+    decoded = copy.deepcopy(result)
+    meta = decoded.setdefault("metadata", {})
+    if body.resource_version:
+        meta["resourceVersion"] = body.resource_version
+    else:
+        meta.pop("resourceVersion", None)
+    return decoded
+
+
+def _without_version(obj: Any) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        return obj
+    meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return {**obj, "metadata": meta}
+
+
+def _generated_pool(plan: Plan, decoded: KubeObject) -> str | None:
+    """A kind whose pool is the object's name cannot be checked on a dry run's generated name:
+    the real create generates another."""
+    if plan.info.verb != "create" or plan.version.paths.get(Field.POOL) != _NAME_PATH:
+        return None
+    meta = decoded.get("metadata")
+    if isinstance(meta, dict) and meta.get("generateName"):
+        return "metadata.generateName cannot be checked as the pool name before the create"
+    return None

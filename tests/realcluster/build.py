@@ -1,0 +1,111 @@
+"""Build the real tier's Go programs (kube-apiserver, etcd, the DRA driver) once per source.
+
+The binaries go to a cache directory outside the checkout, named by a hash of this Go module's
+sources and the Go version, so a warm rebuild is a directory lookup and a changed source gets
+its own build. ``python tests/realcluster/build.py`` builds them ahead of the tests (CI does).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+__all__ = ["BINARIES", "MODULE", "Binaries", "GoMissing", "build", "cache_root"]
+
+MODULE = Path(__file__).resolve().parent
+"""The Go module (go.mod, go.sum and cmd/ checked in)."""
+BINARIES = ("kube-apiserver", "etcd", "dradriver")
+_CACHE_ENV = "DRA_GATEKEEPER_CACHE"
+
+
+class GoMissing(RuntimeError):
+    """No ``go`` on PATH: the real tier cannot be built on this machine."""
+
+
+class Binaries:
+    """Paths of the built programs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __getitem__(self, name: str) -> str:
+        return str(self.directory / name)
+
+
+def cache_root() -> Path:
+    """``$DRA_GATEKEEPER_CACHE/realcluster``, else ``~/.cache/dra-gatekeeper/realcluster``."""
+    base = os.environ.get(_CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dra-gatekeeper"
+    )
+    return Path(base) / "realcluster"
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise GoMissing("the real-cluster tier needs Go 1.26+ on PATH (go not found)")
+    return go
+
+
+def _source_hash(go: str) -> str:
+    digest = hashlib.sha256()
+    version = subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout
+    digest.update(version.encode())
+    files = [MODULE / "go.mod", MODULE / "go.sum", *sorted(MODULE.glob("cmd/**/*.go"))]
+    for path in files:
+        digest.update(str(path.relative_to(MODULE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build(log: TextIO = sys.stderr) -> Binaries:
+    """The built binaries: from the cache when this source was built before, else built now
+    (``go build``, module downloads from the Go module proxy); raises :class:`GoMissing`."""
+    go = _go()
+    root = cache_root()
+    target = root / _source_hash(go)
+    if all((target / name).is_file() for name in BINARIES):
+        return Binaries(target)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (pytest and a CI pre-build)
+        if all((target / name).is_file() for name in BINARIES):
+            return Binaries(target)
+        started = time.monotonic()
+        print(f"building the real-cluster tier into {target} (cold: minutes)", file=log)
+        scratch = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+        try:
+            subprocess.run(
+                [go, "build", "-trimpath", "-o", str(scratch) + "/", "./cmd/..."],
+                cwd=MODULE,
+                check=True,
+                env={**os.environ, "GOFLAGS": "-mod=readonly"},
+            )
+            scratch.rename(target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        print(f"built in {time.monotonic() - started:.0f} s", file=log)
+        _prune(root, keep=target)
+    return Binaries(target)
+
+
+def _prune(root: Path, keep: Path) -> None:
+    """Drop builds of older sources (each is ~200 MB)."""
+    for entry in root.iterdir():
+        if entry.is_dir() and entry != keep and not entry.name.startswith("build-"):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        print(build().directory)
+    except GoMissing as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,84 @@
+"""The real tier: a kube-apiserver 1.36 and etcd 3.6 built from the Go module beside this file,
+``dra-gatekeeper serve`` in front, and drivers built on client-go and the upstream DRA library.
+
+Every test here is marked ``realcluster`` (``pytest -m realcluster`` runs the tier alone,
+``-m 'not realcluster'`` leaves it out). Without Go the tier is skipped with one line saying so;
+under CI (``CI`` set) it must run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import gatekeeper
+from tests.realcluster.build import Binaries, GoMissing, build
+from tests.realcluster.cluster import RealCluster
+from tests.realcluster.objects import GATEKEEPER_NS, GATEKEEPER_SA, bootstrap, bound_token
+from tests.realcluster.processes import GatekeeperProcess, assert_refusals_never_reached
+
+DRIVERS = ("gpu.example.com", "nic.example.com")
+DEFAULT_POLICY = Path(gatekeeper.__file__).parent / "policies" / "default.yaml"
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.realcluster)
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Binaries:
+    try:
+        return build()
+    except GoMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc}; under CI the real tier must run")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def real_cluster(binaries: Binaries) -> Iterator[RealCluster]:
+    cluster = RealCluster.start(binaries)
+    try:
+        bootstrap(cluster, DEFAULT_POLICY, DRIVERS)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def real_gatekeeper(real_cluster: RealCluster) -> Iterator[GatekeeperProcess]:
+    """The gatekeeper of node-a, with its service account's token bound to its pod there (as
+    the DaemonSet's projected token is), and the default policy with both drivers."""
+    token, _ = bound_token(real_cluster, GATEKEEPER_NS, GATEKEEPER_SA, "node-a")
+    token_file = real_cluster.workdir / "gatekeeper.token"
+    token_file.write_text(token)
+    process = GatekeeperProcess(real_cluster, DEFAULT_POLICY, DRIVERS, token_file).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def journal(real_cluster: RealCluster, real_gatekeeper: GatekeeperProcess) -> Iterator[None]:
+    """After the test: nothing the gatekeeper refused reached the apiserver (its own audit log)."""
+    mark = real_gatekeeper.audit_mark()
+    yield
+    assert_refusals_never_reached(real_cluster, real_gatekeeper, mark)
+
+
+@pytest.fixture
+def clean(real_cluster: RealCluster) -> Iterator[None]:
+    """Remove every ResourceSlice, DevicePool and test claim after the test (as an admin)."""
+    yield
+    admin = real_cluster.admin
+    admin.delete("/apis/resource.k8s.io/v1/resourceslices")
+    admin.delete("/apis/devmgmtproto.k8s.io/v1alpha1/devicepools")
+    for namespace in ("default", "tenant"):
+        admin.delete(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
