@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,27 +79,28 @@ class ListReader:
         """Whether the whole document has been read."""
         return self._state == _DONE
 
-    def feed(self, chunk: bytes) -> list[Item]:
-        """The items ``chunk`` completed (maybe none)."""
+    def feed(self, chunk: bytes) -> Iterator[Item]:
+        """The items ``chunk`` completed (maybe none), parsed one by one as they are taken: a
+        caller that lets go of each holds one parsed item at a time. Take them all before the
+        next call."""
         self._text = self._text[self._pos :] + self._decoder.decode(chunk)
         self._pos = 0
         return self._run()
 
-    def end(self) -> list[Item]:
-        """The last items; ValueError if the document is incomplete."""
+    def end(self) -> Iterator[Item]:
+        """The last items; ValueError (when taken) if the document is incomplete."""
         self._text = self._text[self._pos :] + self._decoder.decode(b"", final=True)
         self._pos = 0
         self._eof = True
-        items = self._run()
+        yield from self._run()
         if self._state != _DONE:
             raise ValueError("the JSON document ended early")
-        return items
 
-    def _run(self) -> list[Item]:
+    def _run(self) -> Iterator[Item]:
         items: list[Item] = []
         while self._step(items):
-            pass
-        return items
+            if items:
+                yield items.pop()
 
     def _step(self, items: list[Item]) -> bool:
         """Read one token or value; False when more text is needed."""

@@ -19,9 +19,9 @@ def read(document: bytes, cuts: list[int], max_value: int = 1 << 20) -> tuple[li
     reader = ListReader(max_value)
     items, start = [], 0
     for cut in [*sorted(cuts), len(document)]:
-        items += reader.feed(document[start:cut])
+        items += list(reader.feed(document[start:cut]))
         start = cut
-    items += reader.end()
+    items += list(reader.end())
     for item in items:  # the text is exactly the item's own
         assert parse_bounded(item.text) == item.value
     return [item.value for item in items], reader
@@ -96,8 +96,8 @@ def test_a_large_item_in_small_chunks_is_parsed_a_few_times_only() -> None:
 
     reader._value = counted  # type: ignore[method-assign]
     for start in range(0, len(document), 100):
-        reader.feed(document[start : start + 100])
-    assert len(reader.end()) == 1
+        assert not list(reader.feed(document[start : start + 100]))
+    assert len(list(reader.end())) == 1
     assert tries < 40, tries
 
 
