@@ -32,6 +32,8 @@ log = logging.getLogger("gatekeeper.limits")
 _RETRY_AFTER = 1
 _RESERVED_DESCRIPTORS = 64
 """Descriptors kept for listeners, the audit log, policy reads and the gatekeeper's own pool."""
+_LISTENER_KINDS = 2
+"""Unix sockets and mTLS: each has its own caps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +49,15 @@ class Limits:
     to ``upstream_wait``, then 429), so the memory and the event loop's time they take do
     not grow with the driver's concurrency."""
     connections_per_driver: int = 128
-    """Open connections from one driver (socket directory or certificate CN)."""
+    """Open connections from one driver (socket directory or certificate CN), per listener
+    kind."""
     connections_total: int = 1024
-    """Open connections from all drivers."""
+    """Open connections from all drivers, per listener kind (Unix sockets, mTLS): a listener
+    never takes another's capacity."""
+    connections_unauthenticated: int = 256
+    """Open connections that are no driver's (yet), per listener kind: TLS handshakes in
+    progress, certificates that name no driver. They never take a driver's capacity; when
+    they are this many, the oldest is closed for a new one."""
     header_timeout: float = 10.0
     """Seconds from a request's first byte to the end of its headers; then the connection is
     closed (slowloris)."""
@@ -89,7 +97,11 @@ _FLAGS = {
         "filtered lists and watch primes of one driver read at once",
     ),
     "--max-connections-per-driver": ("connections_per_driver", "connections of one driver"),
-    "--max-connections": ("connections_total", "connections of all drivers"),
+    "--max-connections": ("connections_total", "connections of all drivers, per listener kind"),
+    "--max-unauthenticated-connections": (
+        "connections_unauthenticated",
+        "connections that are no driver's yet (TLS handshakes), per listener kind",
+    ),
     "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
     "--body-timeout": ("body_timeout", "seconds to receive a request body (then 408)"),
     "--keepalive-timeout": ("keepalive_timeout", "seconds an idle connection stays open"),
@@ -121,16 +133,23 @@ def limits_from_flags(namespace: argparse.Namespace) -> Limits:
 def fit_to_descriptors(limits: Limits, soft_limit: int | None = None) -> Limits:
     """``limits`` with connection caps lowered so the descriptor limit is never hit first.
 
-    Each driver connection may hold one upstream connection (a watch): two descriptors. The
-    soft ``RLIMIT_NOFILE`` is raised to the hard one first, as Go programs do.
+    Every connection a cap admits is a descriptor: the drivers' (two listener kinds, each up
+    to ``connections_total``), the unauthenticated buckets, and the upstream pools. The soft
+    ``RLIMIT_NOFILE`` is raised to the hard one first, as Go programs do.
     """
     if soft_limit is None:
         soft_limit = _raise_nofile()
-    budget = max(8, (soft_limit - _RESERVED_DESCRIPTORS - limits.upstream_own) // 2)
+    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
+    fixed += _LISTENER_KINDS * limits.connections_unauthenticated
+    upstream = limits.upstream_requests + limits.upstream_watches
+    if fixed + _LISTENER_KINDS * limits.connections_total + upstream <= soft_limit:
+        return limits
+    # Half for the drivers' connections, half for the upstream connections they may hold.
+    budget = max(16, (soft_limit - fixed) // 2)
     fitted = limits
-    if limits.connections_total > budget:
-        fitted = replace(fitted, connections_total=budget)
-    if fitted.upstream_watches + fitted.upstream_requests > budget:
+    if _LISTENER_KINDS * limits.connections_total > budget:
+        fitted = replace(fitted, connections_total=max(8, budget // _LISTENER_KINDS))
+    if upstream > budget:
         share = max(4, budget // 4)
         fitted = replace(fitted, upstream_requests=share, upstream_watches=budget - share)
     if fitted is not limits:

@@ -33,7 +33,7 @@ from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.reload import Reloader
-from gatekeeper.tls import PeerSocket
+from gatekeeper.tlsgate import TLSGateSite
 from gatekeeper.upstream import Upstream, UpstreamSession
 
 __all__ = [
@@ -127,7 +127,7 @@ def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
     except socket.gaierror as exc:
         raise ConfigError(f"{flag} {host}:{port}: cannot resolve: {exc.strerror}") from None
     family, kind, proto, _, address = infos[0]
-    sock = PeerSocket(family, kind, proto)
+    sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -167,7 +167,7 @@ class GatekeeperServer:
         audit: AuditSink | None = None,
     ) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda name: self.engine.policy.allows_driver(name))
         self.upstream_watches = UpstreamWatches()
         sink = audit if audit is not None else open_audit(config.audit)
         if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
@@ -246,8 +246,13 @@ class GatekeeperServer:
         self._log_started()
 
     async def _listen(self, runner: web.AppRunner, listener: Listener) -> None:
-        ssl_context = self.config.listen_tls if listener.role == "mtls" else None
-        site = web.SockSite(runner, listener.sock, ssl_context=ssl_context, backlog=_BACKLOG)
+        site: web.SockSite
+        if listener.role == "mtls" and self.config.listen_tls is not None:
+            assert isinstance(runner, GuardedRunner)
+            tls = self.config.listen_tls
+            site = TLSGateSite(runner, listener.sock, tls, runner.guard, backlog=_BACKLOG)
+        else:
+            site = web.SockSite(runner, listener.sock, backlog=_BACKLOG)
         await site.start()
         if listener.role == "unix":
             # The accepted socket reports the listening path as its sockname: the identity.
@@ -302,8 +307,10 @@ class GatekeeperServer:
             identity = identify(request.transport, self.gatekeeper.socket_drivers)
         except Refusal:
             return "-"
+        if identity.transport != "unix" and not self.engine.policy.allows_driver(identity.driver):
+            return "-"  # a certificate naming no driver: no series of its own
         not_after = identity.peer.get("certNotAfter")
-        if not_after and self.engine.policy.allows_driver(identity.driver):
+        if not_after:
             self.expiry.observe_client(identity.driver, not_after)
         return identity.driver
 

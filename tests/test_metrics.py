@@ -128,3 +128,36 @@ async def test_metered_sink_counts_and_passes_every_event_on() -> None:
         if name == "dra_gatekeeper_requests_total"
     )
     assert total == 2
+
+
+def test_callers_that_are_no_driver_share_one_series() -> None:
+    """A certificate the CA signed for a name the policy does not list: its CN appears in no
+    label value (driver, or a refusal reason naming it), however many such names come."""
+    metrics = Metrics(is_driver=lambda name: name == "gpu.example.com")
+    for index in range(50):
+        metrics.record_event(
+            event(
+                auditID=str(index),
+                user={"username": f"stranger-{index}.example.com"},
+                responseStatus={"code": 403},
+                annotations={
+                    "authorization.k8s.io/decision": "forbid",
+                    "authorization.k8s.io/reason": f'driver "stranger-{index}.example.com" is '
+                    'not allowed on node "node-a"',
+                },
+            )
+        )
+    metrics.record_event(event(user={"username": "system:anonymous"}, annotations={
+        "authorization.k8s.io/decision": "forbid", "authorization.k8s.io/reason": "no identity"
+    }))  # fmt: skip
+    samples = metric_samples(metrics.render().decode())
+    assert "stranger" not in repr(samples)
+    refusals = {
+        labels: value
+        for (name, labels), value in samples.items()
+        if name == "dra_gatekeeper_refusals_total"
+    }
+    assert refusals == {
+        (("driver", "-"), ("reason", "the caller is not a driver allowed on this node")): 50,
+        (("driver", "-"), ("reason", "no identity")): 1,
+    }
