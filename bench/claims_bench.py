@@ -10,10 +10,11 @@ the embedded API server) runs in a process of its own, the gatekeeper
 (``python -m gatekeeper serve``, from this checkout or ``--gatekeeper-src``, e.g. an export of
 another commit) in another, and the noisy driver in a third, so that this process only measures:
 
-1. alone: driver NIC GETs its own slice (one worker) for S seconds: p50/p99;
-2. noisy: the same while GPU keeps L claim lists and W claim watches going at once for S
-   seconds, each watch continuing the list's resourceVersion (so the gatekeeper re-reads the
-   list at that version first), honouring Retry-After on a 429 as client-go does;
+1. alone: driver NIC GETs its own slice (one at a time) for S seconds, each GET followed by
+   the same GET straight from the upstream: p50/p99 of both (the upstream's share);
+2. noisy: the same while GPU keeps L claim lists and W claim watches going at once, each
+   watch continuing the list's resourceVersion (so the gatekeeper re-reads the list at that
+   version first), honouring Retry-After on a 429 as client-go does;
 3. the gatekeeper's RSS before, its peak (VmHWM) and the growth, against one list's size.
 
 Everything on loopback and Unix sockets; every loop bounded by --seconds.
@@ -167,25 +168,28 @@ def session(work: Path, driver: str) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(base_url="http://localhost", connector=connector, timeout=timeout)
 
 
-async def quiet(work: Path, seconds: float) -> dict[str, Any]:
-    """NIC's GET of its own slice, one at a time, for ``seconds``."""
-    latencies: list[float] = []
+async def quiet(work: Path, seconds: float, upstream: str) -> dict[str, Any]:
+    """NIC's GET of its own slice, one at a time, for ``seconds``, through the gatekeeper;
+    each followed by the same GET straight from the upstream (the node's token), so that the
+    two latencies, taken at the same moments, tell the upstream's share apart."""
+    latencies: dict[str, list[float]] = {"through": [], "straight": []}
     codes: Counter[int] = Counter()
     deadline = time.monotonic() + seconds
-    async with session(work, NIC) as nic:
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    async with session(work, NIC) as nic, aiohttp.ClientSession(upstream, headers=token) as up:
         while time.monotonic() < deadline:
-            began = time.perf_counter()
-            async with nic.get(SLICE) as response:
-                await response.read()
-                codes[response.status] += 1
-            latencies.append(time.perf_counter() - began)
-    latencies.sort()
-    return {
-        "requests": len(latencies),
-        "codes": dict(codes),
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
-        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2),
-    }
+            for way, client in (("through", nic), ("straight", up)):
+                began = time.perf_counter()
+                async with client.get(SLICE) as response:
+                    await response.read()
+                    codes[response.status] += 1
+                latencies[way].append(time.perf_counter() - began)
+    result: dict[str, Any] = {"requests": len(latencies["through"]), "codes": dict(codes)}
+    for way, values in latencies.items():
+        values.sort()
+        result[f"{way}_p50_ms"] = round(values[len(values) // 2] * 1000, 2)
+        result[f"{way}_p99_ms"] = round(values[int(len(values) * 0.99)] * 1000, 2)
+    return result
 
 
 async def noisy(work: Path, seconds: float, lists: int, watches: int) -> dict[str, Any]:
@@ -259,7 +263,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await wait_ready(health, tries=400)
         results["list_bytes"] = await list_size(url)
-        results["alone"] = await quiet(work, args.seconds)
+        results["alone"] = await quiet(work, args.seconds, url)
         rss_start, _ = rss_kib(process.pid)
         results["rss_start_kib"] = rss_start
         out = context.Queue()
@@ -269,7 +273,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         neighbour.start()
         await asyncio.sleep(2.0)  # the neighbour at full load before measuring
-        results["noisy"] = await quiet(work, args.seconds)
+        results["noisy"] = await quiet(work, args.seconds, url)
         results["neighbour"] = await asyncio.to_thread(out.get, True, 300)
         neighbour.join(30)
         rss_end, peak = rss_kib(process.pid)
@@ -277,7 +281,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         growth = (peak - rss_start) * 1024
         results["rss_growth_over_list"] = round(growth / results["list_bytes"], 2)
         results["p99_noisy_over_alone"] = round(
-            results["noisy"]["p99_ms"] / results["alone"]["p99_ms"], 1
+            results["noisy"]["through_p99_ms"] / results["alone"]["through_p99_ms"], 1
         )
         results["load_after"] = os.getloadavg()[0]
     finally:
