@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DNS_SUBDOMAIN", "is_dns_subdomain", "is_driver_name"]
+__all__ = ["DNS_LABEL", "DNS_SUBDOMAIN", "is_dns_label", "is_dns_subdomain", "is_driver_name"]
 
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 """RFC 1123 subdomain (use with ``fullmatch``); at most 253 characters."""
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""RFC 1123 label (use with ``fullmatch``): a namespace name; at most 63 characters."""
+
+
+def is_dns_label(name: str) -> bool:
+    return len(name) <= 63 and DNS_LABEL.fullmatch(name) is not None
 
 
 def is_dns_subdomain(name: str) -> bool:

@@ -4,7 +4,8 @@ Exactly what the policy can forward, and no more: each kind's verbs (plus ``get`
 fetches the stored object first, ``list`` where a filtered watch is primed by a list), its
 subresources, discovery, and for status writes of allocated claims the RBAC-only
 ``resourceclaims/driver`` check of Kubernetes 1.36 (``associated-node:update``/``:patch`` with
-the drivers as resource names). ``deploy/clusterrole.yaml`` is this command's output.
+the drivers as resource names), and ``tokenreviews create`` when the policy maps service
+accounts to drivers. ``deploy/clusterrole.yaml`` is this command's output.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ ROLE_NAME = "dra-gatekeeper"
 _PROG = "dra-gatekeeper policy"
 _FETCHING_VERBS = frozenset({"get", "update", "patch", "delete"})
 _SUBRESOURCE_VERBS = ("get", "patch", "update")
-_DISCOVERY = ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"]
+# "/version/" too: the official Python client asks for it (the others end in "*", which covers
+# "/api/" and "/apis/<group>/"), as the apiserver's own system:public-info-viewer lists it.
+_DISCOVERY = ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version", "/version/"]
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
@@ -78,6 +81,16 @@ def cluster_role(policy: Policy, name: str = ROLE_NAME) -> dict[str, Any]:
     rules: list[dict[str, Any]] = []
     for key in sorted(policy.kinds):
         rules.extend(_kind_rules(policy.kinds[key], policy.drivers))
+    if policy.service_accounts:
+        # Drivers identified by their own service-account token: the gatekeeper asks the
+        # apiserver who holds it (as system:auth-delegator allows, without the SAR half).
+        rules.append(
+            {
+                "apiGroups": ["authentication.k8s.io"],
+                "resources": ["tokenreviews"],
+                "verbs": ["create"],
+            }
+        )
     rules.append({"nonResourceURLs": list(_DISCOVERY), "verbs": ["get"]})
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

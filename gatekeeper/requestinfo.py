@@ -187,6 +187,10 @@ def _split_path(path: str) -> list[str]:
     if path == "/":
         return []
     segments = path[1:].split("/")
+    if segments[-1] == "" and _is_discovery(segments[:-1]):
+        # The official Python client asks for discovery with a trailing slash (/api/, /apis/<g>/,
+        # /version/): the apiserver serves those as without it. Only there; the path is kept.
+        segments = segments[:-1]
     for number, segment in enumerate(segments, start=1):
         if segment == "" and number == len(segments):
             raise Refusal(400, "trailing slash", f"path {_q(path)} ends with '/'")
@@ -206,6 +210,16 @@ def _split_path(path: str) -> list[str]:
                 f"path segment {number} {_q(segment)} has characters outside [A-Za-z0-9._:-]",
             )
     return segments
+
+
+def _is_discovery(segments: list[str]) -> bool:
+    """/version, /api[/<v>], /apis[/<g>[/<v>]]: the non-resource discovery paths."""
+    prefix = segments[:1]
+    return (
+        segments == ["version"]
+        or (prefix == ["api"] and len(segments) <= 2)
+        or (prefix == ["apis"] and len(segments) <= 3)
+    )
 
 
 def _parse_query(raw_query: str) -> tuple[tuple[str, str], ...]:

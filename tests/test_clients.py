@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -100,3 +101,33 @@ async def test_python_client(gatekeeper: Running, apiserver: APIServer, tmp_path
     assert created == "node-a-gpu-1"
     assert refused == 403
     assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-gpu-1") is None
+
+
+async def test_python_client_discovery(gatekeeper: Running, tmp_path: Path) -> None:
+    """The Python client's discovery calls end in "/" (/api/, /apis/<group>/<version>/,
+    /version/): served as the apiserver serves them (checked on the real tier too)."""
+    kubernetes = pytest.importorskip("kubernetes")
+    path = write_kubeconfig(tmp_path, gatekeeper, GPU)
+
+    def run() -> tuple[Any, ...]:
+        client = kubernetes.config.new_client_from_config(config_file=str(path))
+        api = kubernetes.client
+        try:
+            return (
+                api.VersionApi(client).get_code().major,
+                api.CoreApi(client).get_api_versions().versions,
+                {r.name for r in api.CoreV1Api(client).get_api_resources().resources},
+                {g.name for g in api.ApisApi(client).get_api_versions().groups},
+                api.ResourceApi(client).get_api_group().name,
+                {r.name for r in api.ResourceV1Api(client).get_api_resources().resources},
+            )
+        finally:
+            client.close()
+
+    major, core, core_v1, groups, group, resources = await asyncio.to_thread(run)
+    assert major == "1"
+    assert core == ["v1"]
+    assert "nodes" in core_v1
+    assert "resource.k8s.io" in groups
+    assert group == "resource.k8s.io"
+    assert {"resourceslices", "resourceclaims", "resourceclaims/status"} <= resources

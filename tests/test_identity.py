@@ -9,6 +9,7 @@ import ssl
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,17 @@ import pytest
 
 from gatekeeper.config import server_ssl_context
 from gatekeeper.errors import Refusal
-from gatekeeper.identity import Identity, identify
+from gatekeeper.identity import (
+    NODE_NAME_EXTRA,
+    Identity,
+    bearer_token,
+    identify,
+    token_identity,
+)
+from gatekeeper.policy import load_policy
+from gatekeeper.policy.model import UnboundTokens
 from gatekeeper.testing.harness import GPU, PKI
+from gatekeeper.tokenreview import ReviewOutcome
 
 Outcome = Identity | Refusal
 
@@ -139,3 +149,90 @@ def test_identity_is_the_dependency_free_value() -> None:
     caller: Any = Identity(driver=GPU, transport="unix")
     with pytest.raises(AttributeError):
         caller.driver = "other"
+
+
+# --- service-account tokens: the reviewed user → a driver on this node --------------------------
+
+SA = "system:serviceaccount:gpu-system:plugin"
+TOKEN_POLICY = load_policy(None).with_drivers(frozenset({"gpu.example.com"}))
+TOKEN_POLICY = replace(TOKEN_POLICY, service_accounts={SA: "gpu.example.com"})
+BOUND = {
+    "authentication.kubernetes.io/node-name": ("node-a",),
+    "authentication.kubernetes.io/node-uid": ("n-uid",),
+    "authentication.kubernetes.io/pod-name": ("plugin-x",),
+    "authentication.kubernetes.io/pod-uid": ("p-uid",),
+    "authentication.kubernetes.io/credential-id": ("JTI=abc",),
+}
+
+
+def test_a_bound_token_of_a_mapped_service_account_is_its_driver() -> None:
+    identity = token_identity(ReviewOutcome(True, SA, extra=BOUND), TOKEN_POLICY, "node-a")
+    assert (identity.driver, identity.transport) == ("gpu.example.com", "token")
+    assert identity.peer == {
+        "serviceAccount": SA,
+        "podName": "plugin-x",
+        "podUID": "p-uid",
+        "nodeName": "node-a",
+        "credentialID": "JTI=abc",
+    }
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "message"),
+    [
+        (
+            ReviewOutcome(False, error="service account token has expired"),
+            401,
+            "Unauthorized: service account token has expired",
+        ),
+        (
+            ReviewOutcome(True, "system:serviceaccount:gpu-system:other", extra=BOUND),
+            403,
+            "service account gpu-system/other is not listed under serviceAccounts",
+        ),
+        (
+            ReviewOutcome(True, "alice", extra=BOUND),
+            403,
+            'User "alice" is not a driver on node "node-a"',
+        ),
+        (
+            ReviewOutcome(True, SA, extra={**BOUND, NODE_NAME_EXTRA: ("node-b",)}),
+            403,
+            'bound to a pod on node "node-b", not this node "node-a"',
+        ),
+        (
+            ReviewOutcome(True, SA, extra={"authentication.kubernetes.io/credential-id": ("x",)}),
+            403,
+            "policy unboundTokens: Refuse",
+        ),
+        (ReviewOutcome(True, SA), 403, "legacy Secret token"),
+    ],
+    ids=["expired", "unmapped", "not-a-service-account", "other-node", "unbound", "legacy"],
+)
+def test_tokens_that_do_not_identify_a_driver_here(
+    outcome: ReviewOutcome, code: int, message: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        token_identity(outcome, TOKEN_POLICY, "node-a")
+    assert refused.value.code == code
+    assert message in refused.value.message
+
+
+def test_unbound_tokens_only_where_the_policy_allows_them() -> None:
+    policy = replace(TOKEN_POLICY, unbound_tokens=UnboundTokens.ALLOW)
+    identity = token_identity(ReviewOutcome(True, SA), policy, "node-a")
+    assert identity.driver == "gpu.example.com"
+    with pytest.raises(Refusal):  # a token that names another node still does not pass
+        token_identity(
+            ReviewOutcome(True, SA, extra={NODE_NAME_EXTRA: ("node-b",)}), policy, "node-a"
+        )
+
+
+@pytest.mark.parametrize(
+    "header", ["", "Basic abc", "Bearer", "Bearer ", "bearer a b", "Token abc"]
+)
+def test_the_token_listener_needs_a_bearer_token(header: str) -> None:
+    with pytest.raises(Refusal) as refused:
+        bearer_token({"Authorization": header} if header else {})
+    assert refused.value.code == 401 and "Bearer" in refused.value.message
+    assert bearer_token({"Authorization": "Bearer abc.def"}) == "abc.def"

@@ -269,6 +269,19 @@ async def test_refusals_never_reach_upstream(
     assert apiserver.journal == []
 
 
+async def test_a_core_group_refusal_is_laid_out_as_the_apiservers(
+    gatekeeper: Running, apiserver: APIServer
+) -> None:
+    """The real apiserver leaves the empty core group out of a 403's details (omitempty):
+    recorded on the real tier for a user without RBAC (tests/realcluster/test_refusals.py)."""
+    code, _, status = await raw_request(gatekeeper, "GET", "/api/v1/namespaces/default/secrets/s1")
+    assert code == 403
+    assert status["details"] == {"kind": "secrets", "name": "s1"}
+    code, _, status = await raw_request(gatekeeper, "GET", "/api/v1/namespaces/default/secrets")
+    assert status["details"] == {"kind": "secrets"}
+    assert apiserver.journal == []
+
+
 HEADER_TRICKS = [
     ("impersonate-user", {"Impersonate-User": "system:admin"}),
     ("impersonate-group", {"Impersonate-Group": "system:masters"}),
@@ -381,7 +394,10 @@ async def test_certificate_from_another_ca_fails_the_handshake(
 
 async def test_discovery_passes_for_policy_groups(gatekeeper: Running) -> None:
     async with gatekeeper.unix_session(GPU) as session:
-        for path in ("/version", "/apis", "/api", "/apis/resource.k8s.io/v1"):
+        paths = ("/version", "/apis", "/api", "/apis/resource.k8s.io/v1", "/openapi/v3")
+        # The openapi documents of the policy's groups, the core one (Node) included.
+        paths += ("/openapi/v3/apis/resource.k8s.io/v1", "/openapi/v3/api/v1")
+        for path in paths:
             response = await session.get(path)
             assert response.status == 200, path
 

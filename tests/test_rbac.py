@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,15 @@ def test_default_policy_rules() -> None:
     assert driver_rule["resourceNames"] == ["a.example", "b.example"]
     assert driver_rule["apiGroups"] == ["resource.k8s.io"]
     assert role["rules"][-1] == {
-        "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi/*", "/version"],
+        "nonResourceURLs": [
+            "/api",
+            "/api/*",
+            "/apis",
+            "/apis/*",
+            "/openapi/*",
+            "/version",
+            "/version/",
+        ],
         "verbs": ["get"],
     }
     assert "secrets" not in rules and "nodes/status" not in rules
@@ -104,3 +113,20 @@ def test_command_prints_yaml_and_refuses_a_policy_without_drivers(
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no drivers" in result.stderr
+
+
+def test_mapped_service_accounts_add_token_reviews_only() -> None:
+    plain = cluster_role(load_policy(None).with_drivers(frozenset({"gpu.example.com"})))
+    mapped = cluster_role(
+        replace(
+            load_policy(None).with_drivers(frozenset({"gpu.example.com"})),
+            service_accounts={"system:serviceaccount:gpu-system:plugin": "gpu.example.com"},
+        )
+    )
+    review = {
+        "apiGroups": ["authentication.k8s.io"],
+        "resources": ["tokenreviews"],
+        "verbs": ["create"],
+    }
+    assert review not in plain["rules"]
+    assert [rule for rule in mapped["rules"] if rule not in plain["rules"]] == [review]

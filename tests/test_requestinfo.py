@@ -142,6 +142,14 @@ ACCEPTED: list[tuple[str, str, str, Want]] = [
     ("readyz", "GET", "/readyz", nonres()),
     ("head-version", "HEAD", "/version", nonres("head")),
     ("post-non-resource", "POST", "/apis", nonres("post")),
+    # discovery with a trailing slash, as the official Python client asks for it (the apiserver
+    # serves the same documents); the path stays as received
+    ("api-slash", "GET", "/api/", nonres()),
+    ("api-v1-slash", "GET", "/api/v1/", nonres(version="v1")),
+    ("apis-slash", "GET", "/apis/", nonres()),
+    ("apis-group-slash", "GET", "/apis/resource.k8s.io/", nonres(group="resource.k8s.io")),
+    ("apis-group-version-slash", "GET", f"{RS}/", nonres(group="resource.k8s.io", version="v1")),
+    ("version-slash", "GET", "/version/", nonres()),
 ]  # fmt: skip
 
 
@@ -175,8 +183,10 @@ REFUSED: list[tuple[str, str, str, str]] = [
     ("dot-segment", "GET", "/api/v1/./pods", "dot path segment"),
     ("dotdot-segment", "GET", f"{RS}/../v1/resourceslices", "dot path segment"),
     ("trailing-slash-collection", "GET", f"{SL}/", "trailing slash"),
-    ("trailing-slash-api", "GET", "/api/", "trailing slash"),
-    ("trailing-slash-version", "GET", "/version/", "trailing slash"),
+    ("trailing-slash-object", "GET", f"{SL}/s1/", "trailing slash"),
+    ("trailing-slash-openapi", "GET", "/openapi/v3/", "trailing slash"),
+    ("trailing-slash-healthz", "GET", "/healthz/", "trailing slash"),
+    ("double-trailing-slash-api", "GET", "/api//", "trailing slash"),
     ("pct-2e2e-name", "GET", "/api/v1/namespaces/default/secrets/%2e%2e", "percent-escape in path"),
     ("pct-2f-name", "GET", f"{SL}/a%2Fb", "percent-escape in path"),
     ("pct-letter", "GET", "/api/v1/namespaces/%64efault/pods", "percent-escape in path"),

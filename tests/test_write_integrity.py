@@ -255,7 +255,16 @@ async def test_dry_run_is_checked_like_a_real_write(
 
 
 BODIES = [
-    ("protobuf", "POST", SLICES, b"\x6b\x38\x73\x00", "application/vnd.kubernetes.protobuf", 415),
+    (
+        # A custom resource's endpoint cannot read protobuf: refused before anything is asked.
+        "protobuf-custom-resource",
+        "POST",
+        "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools",
+        b"\x6b\x38\x73\x00",
+        "application/vnd.kubernetes.protobuf",
+        415,
+    ),
+    ("cbor-update", "PUT", f"{SLICES}/{NAME}", b"\xd9\xd9\xf7\xa0", "application/cbor", 415),
     ("yaml-create", "POST", SLICES, b"kind: ResourceSlice", "application/yaml", 415),
     ("json-on-patch", "PATCH", f"{SLICES}/{NAME}", b"{}", "application/json", 415),
     (

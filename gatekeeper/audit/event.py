@@ -10,7 +10,7 @@ from typing import Any
 
 from gatekeeper.encoded import EncodedBody
 from gatekeeper.flow import Flow
-from gatekeeper.identity import DRIVERS_GROUP
+from gatekeeper.identity import DRIVERS_GROUP, NODE_NAME_EXTRA
 from gatekeeper.policy.encoded import DECODED_BY_UPSTREAM
 from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
@@ -33,8 +33,6 @@ __all__ = [
     "logs_bodies",
 ]
 
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-"""The user.extra key the kube-apiserver uses for a node's name; the gatekeeper uses it too."""
 DECISION_ANNOTATION = "authorization.k8s.io/decision"
 REASON_ANNOTATION = "authorization.k8s.io/reason"
 CLIENT_AUDIT_ID_ANNOTATION = "dra-gatekeeper.io/client-audit-id"

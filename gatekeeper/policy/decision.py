@@ -120,7 +120,6 @@ def forbid(driver: str, info: RequestInfo, why: str, *, name: str | None = None)
         f'{subject} is forbidden: User "{driver}" cannot {info.verb} resource "{resource}" '
         f'in API group "{info.api_group}" {scope}: {why}'
     )
-    details = {"group": info.api_group, "kind": info.resource}
-    if name:
-        details["name"] = name
-    return deny(403, why, message, **details)
+    # The apiserver leaves an empty group out of details (omitempty): {"kind": "secrets"}.
+    details = {"group": info.api_group, "kind": info.resource, "name": name}
+    return deny(403, why, message, **{k: v for k, v in details.items() if v})

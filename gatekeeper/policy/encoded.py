@@ -55,6 +55,8 @@ def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -
     refused as stale without asking)."""
     from gatekeeper.policy.plan import Preview
 
+    if _envelope_mismatch(plan, body):
+        return None
     if plan.info.verb == "create":
         return Preview(plan.info, body.raw, body.media_type)
     if current is None or not plan.owns(current):
@@ -85,6 +87,8 @@ def decide_encoded(
     driver's (pinned) bytes as what is forwarded. ``decide_json`` is the engine's JSON path."""
     info, kind = plan.info, plan.kind
     json_plan = replace(plan, media_type=_JSON)
+    if mismatch := _envelope_mismatch(plan, body):
+        return deny(400, mismatch)
     if info.verb == "update":
         if current is None or not plan.owns(current):
             # The stored object decides (404, or "the stored object's …"): nothing was asked.
@@ -118,6 +122,21 @@ def decide_encoded(
             f"JSON bodies, not in {encoding_name(body.media_type)}",
         )
     return replace(decision, body=proposed.body, media_type=body.media_type)
+
+
+def _envelope_mismatch(plan: Plan, body: EncodedBody) -> str | None:
+    """As for a JSON body (DESIGN §4.4): the envelope's apiVersion and kind are the URL's."""
+    envelope = body.envelope
+    if envelope is None:
+        return None
+    kind, version = plan.kind, plan.info.api_version
+    expected = f"{kind.group}/{version}" if kind.group else version
+    if (envelope.api_version, envelope.kind) == (expected, kind.kind):
+        return None
+    return (
+        f'protobuf envelope apiVersion/kind "{envelope.api_version}"/"{envelope.kind}" does not '
+        f'match the URL ("{expected}"/"{kind.kind}")'
+    )
 
 
 def _as_sent(result: KubeObject, body: EncodedBody) -> KubeObject:

@@ -194,11 +194,21 @@ class Engine:
         return forbid(driver, info, "only discovery of the policy's API groups is allowed")
 
     def _open_path(self, path: str) -> bool:
+        # The parser lets a trailing "/" through on discovery paths only (/apis/<g>/): the same
+        # document as without it.
+        path = path.removesuffix("/") if path != "/" else path
         if path in _OPEN_PATHS:
             return True
         parts = path.split("/")[1:]
         if parts[:2] == ["openapi", "v3"] and len(parts) == 5 and parts[2] == "apis":
             return parts[3] in self.policy.groups
+        if parts[:3] == ["openapi", "v3", "api"] and len(parts) == 4:
+            # The core group's document (kubectl explain nodes reads it; without it explain
+            # fails), open when the policy has a core kind at that version.
+            return any(
+                kind.group == "" and parts[3] in kind.versions
+                for kind in self.policy.kinds.values()
+            )
         return parts[0] == "apis" and len(parts) in (2, 3) and parts[1] in self.policy.groups
 
     def _shape(self, driver: str, info: RequestInfo, kind: KindSpec) -> Decision | None:

@@ -13,7 +13,7 @@ import yaml
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.jsonpath import FieldPath
-from gatekeeper.names import is_dns_subdomain, is_driver_name
+from gatekeeper.names import is_dns_label, is_dns_subdomain, is_driver_name
 from gatekeeper.policy._context import Context, join_key, parse_enum
 from gatekeeper.policy.model import (
     ALL_VERBS,
@@ -30,6 +30,7 @@ from gatekeeper.policy.model import (
     ListSelectorMode,
     Policy,
     Scope,
+    UnboundTokens,
     VersionSpec,
 )
 
@@ -41,7 +42,8 @@ _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
 
-_TOP_KEYS = {"apiVersion", "kind", "drivers", "kinds"}
+_TOP_KEYS = {"apiVersion", "kind", "drivers", "kinds", "serviceAccounts", "unboundTokens"}
+_SA_PREFIX = "system:serviceaccount:"
 _KIND_KEYS = {
     "group",
     "resource",
@@ -136,7 +138,41 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         kinds[key] = spec
     # The core group ("", e.g. an OwnNode kind) has no /apis/<group> discovery path to open.
     groups = frozenset(spec.group for spec in kinds.values() if spec.group)
-    return Policy(kinds=kinds, drivers=drivers, source=source, groups=groups)
+    return Policy(
+        kinds=kinds,
+        drivers=drivers,
+        source=source,
+        groups=groups,
+        service_accounts=_parse_service_accounts(ctx, top.get("serviceAccounts", {})),
+        unbound_tokens=parse_enum(
+            ctx, UnboundTokens, top.get("unboundTokens", "Refuse"), "unboundTokens"
+        ),
+    )
+
+
+def _parse_service_accounts(ctx: Context, raw: Any) -> dict[str, str]:
+    """``serviceAccounts``: driver → ``[namespace/name, …]``, as the user names a token's
+    TokenReview gives (``system:serviceaccount:<namespace>:<name>``) → driver."""
+    if not isinstance(raw, dict):
+        ctx.fail("serviceAccounts", "must be a mapping of driver name to namespace/name list")
+    mapped: dict[str, str] = {}
+    for driver, accounts in raw.items():
+        key = join_key("serviceAccounts", str(driver))
+        if not isinstance(driver, str) or not is_driver_name(driver):
+            ctx.fail(key, f"{driver!r} is not a DNS subdomain driver name")
+        for index, account in enumerate(ctx.string_list(accounts, key)):
+            namespace, _, name = account.partition("/")
+            if not is_dns_label(namespace) or not is_dns_subdomain(name):
+                ctx.fail(f"{key}[{index}]", f"{account!r} is not namespace/name")
+            user = f"{_SA_PREFIX}{namespace}:{name}"
+            if user in mapped:
+                ctx.fail(
+                    f"{key}[{index}]",
+                    f"{account} is mapped to {mapped[user]} already: a service account "
+                    "identifies one driver",
+                )
+            mapped[user] = driver
+    return mapped
 
 
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gatekeeper.jsonpath import FieldPath
 
@@ -23,6 +23,7 @@ __all__ = [
     "ListSelectorMode",
     "Policy",
     "Scope",
+    "UnboundTokens",
     "VersionSpec",
 ]
 
@@ -162,6 +163,14 @@ class KindSpec:
         return f"{self.resource}.{self.group}" if self.group else self.resource
 
 
+class UnboundTokens(enum.Enum):
+    """``unboundTokens``: a service-account token that names no node (a TokenRequest not bound
+    to a pod, a legacy Secret token) cannot show that its driver runs on this node."""
+
+    REFUSE = "Refuse"
+    ALLOW = "Allow"
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded, validated policy. ``source`` names the file for messages."""
@@ -171,6 +180,11 @@ class Policy:
     drivers: frozenset[str] = frozenset()
     source: str = "<policy>"
     groups: frozenset[str] = field(default=frozenset())
+    service_accounts: Mapping[str, str] = field(default_factory=dict)
+    """``system:serviceaccount:<namespace>:<name>`` → the driver whose token it is
+    (``serviceAccounts``); a service account maps to one driver at most."""
+    unbound_tokens: UnboundTokens = UnboundTokens.REFUSE
+    """Whether a token without the node-name extra (unbound, legacy) may identify a driver."""
 
     def kind_for(self, group: str, resource: str) -> KindSpec | None:
         return self.kinds.get((group, resource))
@@ -179,4 +193,4 @@ class Policy:
         return driver in self.drivers or ANY_DRIVER in self.drivers
 
     def with_drivers(self, extra: frozenset[str]) -> Policy:
-        return Policy(self.kinds, self.drivers | extra, self.source, self.groups)
+        return replace(self, drivers=self.drivers | extra)

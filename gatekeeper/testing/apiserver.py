@@ -255,6 +255,10 @@ class APIServer:
                 request,
                 {"paths": ["/api", "/api/v1", "/apis", "/openapi/v2", "/openapi/v3", "/version"]},
             )
+        if parts[-1] == "" and _is_discovery(parts[:-1]):
+            # The apiserver serves discovery with a trailing slash too (/apis/<group>/, /version/:
+            # the official Python client asks for these).
+            parts = parts[:-1]
         if parts[0] == "api" and len(parts) > 2 and parts[1] == "v1":
             return await self._resource(request, "", "v1", parts[2:])
         if parts[0] == "apis" and len(parts) > 3:
@@ -279,7 +283,7 @@ class APIServer:
         accept = request.headers.get("Accept", "")
         kinds = self.kinds
         doc: Any = None
-        if parts in (["version"], ["version", ""]):
+        if parts == ["version"]:
             doc = disc.VERSION_INFO
         elif parts in (["healthz"], ["livez"], ["readyz"]):
             if request.method != "GET":
@@ -303,6 +307,14 @@ class APIServer:
         if doc is None:
             raise path_not_found()
         return _get_only(request, doc)
+
+
+def _is_discovery(parts: list[str]) -> bool:
+    """version, api[/<v>], apis[/<g>[/<v>]]."""
+    head = parts[:1]
+    return parts == ["version"] or (
+        (head == ["api"] and len(parts) <= 2) or (head == ["apis"] and len(parts) <= 3)
+    )
 
 
 def _openapi(kinds: tuple[ServedKind, ...], parts: list[str], accept: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.identity import Identity
-from gatekeeper.policy import Engine, load_policy
+from gatekeeper.policy import Engine, Policy, load_policy
 from gatekeeper.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
@@ -109,6 +109,8 @@ ALLOWED = [
     ("discovery-group-version", "GET", "/apis/resource.k8s.io/v1", None, None),
     ("version", "GET", "/version", None, None),
     ("openapi-group", "GET", "/openapi/v3/apis/resource.k8s.io/v1", None, None),
+    # The core group's document: the policy has Node (v1); kubectl explain nodes reads it.
+    ("openapi-core-group", "GET", "/openapi/v3/api/v1", None, None),
 ]
 
 
@@ -462,6 +464,12 @@ def test_forbidden_message_has_apiserver_phrasing() -> None:
     assert decision.details == {"group": "resource.k8s.io", "kind": "resourceslices", "name": "s1"}
 
 
+def test_forbidden_details_leave_out_the_core_group() -> None:
+    # The apiserver's StatusDetails.group is omitempty (seen on a real 1.36 apiserver).
+    decision = decide("GET", "/api/v1/namespaces/default/secrets/s1")
+    assert decision.details == {"kind": "secrets", "name": "s1"}
+
+
 def test_update_pins_the_fetched_resource_version() -> None:
     decision = decide("PUT", f"{SLICES}/node-a-gpu", slice_v1(), stored(slice_v1(), rv="42"))
     assert decision.body["metadata"]["resourceVersion"] == "42"
@@ -497,6 +505,25 @@ def test_lookup_fetches_the_object_for_object_verbs_only() -> None:
     assert planned_fetch(ENGINE, STRANGER, parse_request("GET", f"{SLICES}/x")) is None
     namespaced = parse_request("GET", "/apis/resource.k8s.io/v1/namespaces/a/resourceslices/x")
     assert planned_fetch(ENGINE, GPU, namespaced) is None
+
+
+def test_core_openapi_document_follows_the_policy() -> None:
+    """/openapi/v3/api/<version> is open only for a core version the policy has a kind in."""
+    policy = ENGINE.policy
+    assert not decide("GET", "/openapi/v3/api/v2").allowed
+    assert not decide("GET", "/openapi/v3/api").allowed
+    without_core = Policy(
+        {key: kind for key, kind in policy.kinds.items() if key[0]},
+        policy.drivers,
+        policy.source,
+        policy.groups,
+    )
+    engine = Engine(without_core, NODE)
+    refused = decide_offline(engine, GPU, parse_request("GET", "/openapi/v3/api/v1"))
+    assert (refused.allowed, refused.code) == (False, 403)
+    assert decide_offline(
+        engine, GPU, parse_request("GET", "/openapi/v3/apis/resource.k8s.io/v1")
+    ).allowed
 
 
 def test_inject_mode_adds_missing_terms() -> None:

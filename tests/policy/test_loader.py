@@ -8,7 +8,7 @@ import pytest
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import KindRule, load_policy
-from gatekeeper.policy.model import AllocationPaths
+from gatekeeper.policy.model import AllocationPaths, UnboundTokens
 
 SLICES = """\
   - group: resource.k8s.io
@@ -55,6 +55,19 @@ def test_a_good_policy_loads(tmp_path: Path) -> None:
         node_selector=("status", "allocation", "nodeSelector"),
         devices=("status", "devices"),
         device_driver=("driver",),
+    )
+
+
+def test_service_accounts_map_token_users_to_drivers(tmp_path: Path) -> None:
+    text = GOOD + "serviceAccounts:\n  gpu.example.com: [gpu-system/plugin, gpu-system/legacy]\n"
+    policy = load_policy(write(tmp_path, text))
+    assert policy.service_accounts == {
+        "system:serviceaccount:gpu-system:plugin": "gpu.example.com",
+        "system:serviceaccount:gpu-system:legacy": "gpu.example.com",
+    }
+    assert policy.unbound_tokens is UnboundTokens.REFUSE  # the default
+    assert policy.with_drivers(frozenset({"x.example.com"})).service_accounts == (
+        policy.service_accounts
     )
 
 
@@ -215,6 +228,31 @@ INVALID = [
         "drivers[0]: 'GPU_driver' is not a DNS subdomain driver name",
     ),
     ("not-yaml", "kinds: [\n", "not valid YAML"),
+    (
+        "service-account-twice",
+        GOOD + "serviceAccounts:\n  gpu.example.com: [gpu/sa]\n  nic.example.com: [gpu/sa]\n",
+        "serviceAccounts.nic.example.com[0]: gpu/sa is mapped to gpu.example.com already",
+    ),
+    (
+        "service-account-not-namespaced",
+        GOOD + "serviceAccounts: {gpu.example.com: [gpu-sa]}\n",
+        "serviceAccounts.gpu.example.com[0]: 'gpu-sa' is not namespace/name",
+    ),
+    (
+        "service-account-bad-driver",
+        GOOD + "serviceAccounts: {GPU: [gpu/sa]}\n",
+        "serviceAccounts.GPU: 'GPU' is not a DNS subdomain driver name",
+    ),
+    (
+        "service-accounts-a-list",
+        GOOD + "serviceAccounts: [gpu/sa]\n",
+        "serviceAccounts: must be a mapping",
+    ),
+    (
+        "unbound-tokens-unknown",
+        GOOD + "unboundTokens: Sometimes\n",
+        "unboundTokens: 'Sometimes' is not one of Refuse, Allow",
+    ),
 ]
 
 

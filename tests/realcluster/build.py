@@ -96,10 +96,13 @@ def build(log: TextIO = sys.stderr) -> Binaries:
     return Binaries(target)
 
 
-def _prune(root: Path, keep: Path) -> None:
-    """Drop builds of older sources (each is ~200 MB)."""
-    for entry in root.iterdir():
-        if entry.is_dir() and entry != keep and not entry.name.startswith("build-"):
+def _prune(root: Path, keep: Path, builds: int = 3) -> None:
+    """Keep the newest ``builds`` builds (each is ~200 MB; checkouts of other branches may
+    still use the older ones) and drop the rest."""
+    done = [e for e in root.iterdir() if e.is_dir() and not e.name.startswith("build-")]
+    done.sort(key=lambda entry: entry.stat().st_mtime, reverse=True)
+    for entry in done[builds:]:
+        if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
 
 

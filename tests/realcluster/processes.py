@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,19 +136,38 @@ class GatekeeperProcess:
 
     # --- its audit log --------------------------------------------------------------------------
 
-    def audit_events(self) -> list[dict[str, Any]]:
+    def audit_events(self, stage: str = "ResponseComplete") -> list[dict[str, Any]]:
+        """Its audit events of ``stage`` (a watch has ResponseStarted at once, and
+        ResponseComplete only when it ends)."""
         if not self.audit_log.exists():
             return []
         events = []
         for line in self.audit_log.read_text().splitlines():
             if line.strip():
                 event = json.loads(line)
-                if event.get("stage") == "ResponseComplete":
+                if event.get("stage") == stage:
                     events.append(event)
         return events
 
     def audit_mark(self) -> int:
         return len(self.audit_events())
+
+    def settle(self) -> None:
+        """Wait until every request answered so far is in the audit log. The gatekeeper writes
+        an event just after it sends the answer, so a client can see the answer first; a last
+        request of our own, sent after those answers, is logged after them."""
+        api = self.driver_api(self.drivers[0])
+        request = urllib.request.Request(f"{api.url}/version", headers={"User-Agent": "settle"})
+        try:
+            with urllib.request.urlopen(request, context=api.context, timeout=30) as answer:
+                audit_id = answer.headers["Audit-Id"]
+        except urllib.error.HTTPError as error:  # any answer is logged, a refusal too
+            audit_id = error.headers["Audit-Id"]
+        poll(
+            "the gatekeeper's audit log to catch up",
+            lambda: any(e["auditID"] == audit_id for e in self.audit_events()),
+            timeout=10,
+        )
 
 
 def assert_refusals_never_reached(
@@ -159,6 +179,7 @@ def assert_refusals_never_reached(
 
     Returns the (refused, forwarded) counts of the gatekeeper's events after ``since``.
     """
+    gatekeeper.settle()
     events = gatekeeper.audit_events()[since:]
     refused = {
         e["auditID"]: e

@@ -45,6 +45,9 @@ type command struct {
 	PreRV      string                                                  `json:"preconditionResourceVersion,omitempty"`
 	Force      bool                                                    `json:"force,omitempty"`
 	AllDevices bool                                                    `json:"allDevices,omitempty"`
+	// Unconditional leaves metadata.resourceVersion empty in an update: the apiserver then
+	// writes whatever version is stored (a protobuf PUT without resourceVersion).
+	Unconditional bool `json:"unconditional,omitempty"`
 }
 
 type claimRef struct {
@@ -282,6 +285,9 @@ func (d *driverState) updateStatus(ctx context.Context, cmd command) (map[string
 		}
 	}
 	claim.Status.Devices = append(kept, cmd.Devices...)
+	if cmd.Unconditional {
+		claim.ResourceVersion = ""
+	}
 	updated, err := claims.UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 	return objectResult(updated, err)
 }
