@@ -175,9 +175,10 @@ async def test_a_get_out_of_scope_is_not_found(monkeypatch: pytest.MonkeyPatch) 
 
 @dataclass
 class ClaimsUpstream:
-    """The API server claims are created in and the gatekeeper forwards to. Parametrized: the
-    embedded API server here; a real kube-apiserver tier supplies its own (URL, token, and a
-    namespace of its own)."""
+    """The API server claims are created in and the gatekeeper forwards to (URL, the node's
+    token, a namespace of its own): the embedded API server here; any other upstream can be
+    added to the fixture's params. The real tier's run of the same attack, against
+    kube-apiserver 1.36 and a ``serve`` process, is ``tests/realcluster/test_paging.py``."""
 
     url: str
     token: str
