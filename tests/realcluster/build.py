@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,10 +56,31 @@ def _go() -> str:
     return go
 
 
+def _ldflags() -> str:
+    """The kube-apiserver's version (``/version``), from the k8s.io/kubernetes it is built of:
+    a module build has no git tree to stamp it from, and kubectl refuses ``v0.0.0-master``."""
+    match = re.search(
+        r"^\s*k8s\.io/kubernetes v(\d+)\.(\d+)\.(\d+)\b", (MODULE / "go.mod").read_text(), re.M
+    )
+    if match is None:
+        raise RuntimeError(f"{MODULE / 'go.mod'} does not require k8s.io/kubernetes")
+    major, minor, patch = match.groups()
+    stamp = "k8s.io/component-base/version"
+    return " ".join(
+        f"-X {stamp}.{name}={value}"
+        for name, value in (
+            ("gitMajor", major),
+            ("gitMinor", minor),
+            ("gitVersion", f"v{major}.{minor}.{patch}"),
+            ("gitTreeState", "clean"),
+        )
+    )
+
+
 def _source_hash(go: str) -> str:
     digest = hashlib.sha256()
     version = subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout
-    digest.update(version.encode())
+    digest.update(version.encode() + _ldflags().encode())
     files = [MODULE / "go.mod", MODULE / "go.sum", *sorted(MODULE.glob("cmd/**/*.go"))]
     for path in files:
         digest.update(str(path.relative_to(MODULE)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -83,7 +105,16 @@ def build(log: TextIO = sys.stderr) -> Binaries:
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=root))
         try:
             subprocess.run(
-                [go, "build", "-trimpath", "-o", str(scratch) + "/", "./cmd/..."],
+                [
+                    go,
+                    "build",
+                    "-trimpath",
+                    "-ldflags",
+                    _ldflags(),
+                    "-o",
+                    f"{scratch}/",
+                    "./cmd/...",
+                ],
                 cwd=MODULE,
                 check=True,
                 env={**os.environ, "GOFLAGS": "-mod=readonly"},

@@ -33,7 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.realcluster.build import Binaries
 
-__all__ = ["Api", "ApiError", "RealCluster", "free_port", "poll"]
+__all__ = ["Api", "ApiError", "RealCluster", "free_port", "poll", "remove_workdir"]
 
 T = TypeVar("T")
 
@@ -53,6 +53,13 @@ _AUDIT_POLICY = {
         {"level": "Metadata"},
     ],
 }
+
+
+def remove_workdir(path: Path) -> None:
+    """Remove a process's files, unless ``DRA_GATEKEEPER_KEEP_REALCLUSTER`` is set (to read
+    the logs of a failed run)."""
+    if not os.environ.get("DRA_GATEKEEPER_KEEP_REALCLUSTER"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -392,8 +399,7 @@ class RealCluster:
                     process.kill()
                     process.wait()
         self._processes.clear()
-        if not os.environ.get("DRA_GATEKEEPER_KEEP_REALCLUSTER"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        remove_workdir(self.workdir)
 
     # --- reading the apiserver's own journal ---------------------------------------------------
 

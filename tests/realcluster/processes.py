@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from gatekeeper.testing.harness import PKI
-from tests.realcluster.cluster import Api, RealCluster, free_port, poll
+from tests.realcluster.cluster import Api, RealCluster, free_port, poll, remove_workdir
 
 __all__ = ["DriverProcess", "GatekeeperProcess", "assert_refusals_never_reached"]
 
@@ -99,6 +99,7 @@ class GatekeeperProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        remove_workdir(self.workdir)
 
     # --- how drivers reach it -------------------------------------------------------------------
 
@@ -293,6 +294,7 @@ class DriverProcess:
                 self.process.kill()
                 self.process.wait()
         self.stderr.close()
+        remove_workdir(Path(self.plugin_dir))
 
     def __enter__(self) -> DriverProcess:
         return self

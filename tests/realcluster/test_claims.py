@@ -77,7 +77,7 @@ def test_update_status_with_protobuf_writes_own_entry(
     (entry,) = stored_devices(real_cluster)
     assert (entry["driver"], entry["device"], entry["data"]) == (GPU, "gpu-0", {"vlan": 7})
     # client-go's default: a protobuf body, decided on the apiserver's decoding of it.
-    real_gatekeeper.settle()  # the event is written just after the answer
+    real_gatekeeper.settle()
     (event,) = [e for e in real_gatekeeper.audit_events()[mark:] if e["verb"] == "update"]
     assert event["annotations"]["dra-gatekeeper.io/content-type"] == PROTOBUF
     assert event["annotations"]["dra-gatekeeper.io/decoded-by"]

@@ -100,7 +100,7 @@ def test_protobuf_create_lands_and_is_audited_as_decoded(
     answer = gpu_driver("create-slice", object=slice_object("pb-mine"))
     assert answer["ok"], answer
     assert real_cluster.admin.get(f"{SLICES}/pb-mine")["spec"]["driver"] == GPU
-    real_gatekeeper.settle()  # the event is written just after the answer
+    real_gatekeeper.settle()
     (event,) = [e for e in real_gatekeeper.audit_events()[mark:] if e["verb"] == "create"]
     assert event["annotations"]["dra-gatekeeper.io/content-type"] == PROTOBUF
     assert event["requestObject"]["spec"]["pool"]["name"] == "node-a"

@@ -20,3 +20,9 @@ def test_gatekeeper_lists_pinned_slices(real_gatekeeper: GatekeeperProcess, jour
         "?fieldSelector=spec.driver%3Dgpu.example.com%2Cspec.nodeName%3Dnode-a"
     )
     assert answer["kind"] == "ResourceSliceList"
+
+
+def test_the_apiserver_says_its_release(real_cluster: RealCluster) -> None:
+    version = real_cluster.admin.get("/version")
+    assert (version["major"], version["minor"]) == ("1", "36")
+    assert version["gitVersion"].startswith("v1.36.")
