@@ -288,7 +288,22 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
         f"not after:  {expiry.isoformat()}  ({left})",
         f"serial:     {cert.serial_number:x}",
     ]
+    names = _subject_alt_names(cert)
+    if names or role == "server":
+        # A client connects only to a name or address listed here: the first thing to check
+        # when a driver's TLS handshake fails with a hostname mismatch.
+        lines.insert(4, f"SANs:       {', '.join(names) or '(none)'}")
     return "\n".join(lines) + "\n"
+
+
+def _subject_alt_names(cert: x509.Certificate) -> list[str]:
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    dns = [f"DNS:{name}" for name in sans.get_values_for_type(x509.DNSName)]
+    ips = [f"IP:{address}" for address in sans.get_values_for_type(x509.IPAddress)]
+    return dns + ips
 
 
 # --- peer identity ---------------------------------------------------------------------------

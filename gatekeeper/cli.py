@@ -47,17 +47,26 @@ class _Parser(UsageParser):
     command = "dra-gatekeeper"
 
 
+_SERVE_DESCRIPTION = (
+    "Run the gatekeeper on this node. Required: --node-name (or env NODE_NAME) and at least one "
+    "listener: --socket-dir DIR, or --listen HOST:PORT with --tls-cert-file, --tls-key-file and "
+    "--client-ca-file. Every flag and file is checked before anything listens (exit 2 with one "
+    "line on a problem)."
+)
+_Group = argparse._ArgumentGroup
+
+
 def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
-    _add_source_arguments(serve)
-    add_limit_arguments(serve)
-    _add_tls_arguments(serve)
-    _add_output_arguments(serve)
+    _add_source_arguments(serve.add_argument_group("this node, its policy and upstream"))
+    _add_tls_arguments(serve.add_argument_group("listeners (at least one is required)"))
+    add_limit_arguments(serve.add_argument_group("limits (README, Limits)"))
+    _add_output_arguments(serve.add_argument_group("audit, health and lifecycle"))
 
 
-def _add_source_arguments(serve: argparse.ArgumentParser) -> None:
+def _add_source_arguments(serve: _Group) -> None:
     """This node, its drivers and policy, the upstream's credentials, the driver sockets."""
     add = serve.add_argument
-    add("--node-name", metavar="NAME", help="this node's name (default: env NODE_NAME)")
+    add("--node-name", metavar="NAME", help="this node's name; required (default: env NODE_NAME)")
     add(
         "--policy",
         metavar="FILE",
@@ -68,64 +77,77 @@ def _add_source_arguments(serve: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="allow this driver (repeatable)",
+        help="allow this driver too (repeatable; default: the policy's drivers only)",
     )
     add(
         "--kubeconfig",
         metavar="FILE",
-        help="kubeconfig with the node's credentials (or env KUBECONFIG)",
+        help="kubeconfig with the node's credentials (default: env KUBECONFIG, else the "
+        "in-cluster service account)",
     )
     add(
         "--node-label",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="KEY=VALUE: a label of this node, for claims allocated by label (repeatable)",
+        help="a label of this node, for claims allocated by label (repeatable; default: "
+        "kubernetes.io/hostname=<node name>)",
     )
-    add("--upstream", metavar="URL", help="override the API server URL from the kubeconfig")
-    add("--socket-dir", metavar="DIR", help="listen on DIR/<driver>/api.sock for each driver")
+    add(
+        "--upstream",
+        metavar="URL",
+        help="the API server URL (default: the kubeconfig's server)",
+    )
+
+
+def _add_tls_arguments(serve: _Group) -> None:
+    """The listeners: driver sockets, and mTLS with its files."""
+    add = serve.add_argument
+    add(
+        "--socket-dir",
+        metavar="DIR",
+        help="listen on DIR/<driver>/api.sock for each driver (default: no socket listener)",
+    )
     add(
         "--socket-group",
         metavar="GROUP",
         help="group (name or gid) owning the driver sockets (0660) and directories (0750), "
-        "so a non-root driver in that group can connect",
+        "so a non-root driver in that group can connect (default: the process's group)",
     )
-
-
-def _add_tls_arguments(serve: argparse.ArgumentParser) -> None:
-    """The mTLS listener and its files."""
-    add = serve.add_argument
     add(
         "--listen",
         metavar="HOST:PORT",
-        help="HOST:PORT for the mTLS listener (driver = client cert CN)",
+        help="the mTLS listener, driver = client certificate CN (default: none)",
     )
     add(
         "--tls-cert-file",
         metavar="FILE",
-        help="the mTLS listener's serving certificate (PEM), reloaded",
+        help="the mTLS listener's serving certificate (PEM), reloaded; required with --listen",
     )
     add(
         "--tls-key-file",
         metavar="FILE",
-        help="the serving certificate's private key (PEM), reloaded",
+        help="the serving certificate's private key (PEM), reloaded; required with --listen",
     )
     add(
         "--client-ca-file",
         metavar="FILE",
-        help="CA that signs driver client certificates (PEM), reloaded",
+        help="CA that signs driver client certificates (PEM), reloaded; required with --listen",
     )
 
 
-def _add_output_arguments(serve: argparse.ArgumentParser) -> None:
+def _add_output_arguments(serve: _Group) -> None:
     """Audit log, health listener, shutdown and certificate-expiry warnings."""
     add = serve.add_argument
-    add("--audit-log", metavar="FILE", help="audit log file, or - for stdout")
+    add(
+        "--audit-log",
+        metavar="FILE",
+        help="audit log file, or - for stdout (default: none, nothing is audited)",
+    )
     add(
         "--audit-level",
-        default="Metadata",
         metavar="LEVEL",
-        help="Metadata, Request or RequestResponse",
+        help="Metadata, Request or RequestResponse; needs --audit-log (default Metadata)",
     )
     add(
         "--audit-log-maxsize",
@@ -139,9 +161,13 @@ def _add_output_arguments(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="rotated logs to keep (0: all)",
+        help="rotated logs to keep (default 0: all)",
     )
-    add("--health-listen", metavar="HOST:PORT", help="HOST:PORT for /healthz, /readyz and /metrics")
+    add(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="serve /healthz, /readyz and /metrics here (default: none)",
+    )
     add(
         "--shutdown-grace-period",
         type=float,
@@ -165,7 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
     )
-    _add_serve_arguments(commands.add_parser("serve", help="run the gatekeeper on this node"))
+    _add_serve_arguments(
+        commands.add_parser(
+            "serve", help="run the gatekeeper on this node", description=_SERVE_DESCRIPTION
+        )
+    )
     for name, (_, text) in COMMANDS.items():
         commands.add_parser(name, help=text, add_help=False).add_argument(
             "args", nargs=argparse.REMAINDER

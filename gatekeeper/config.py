@@ -67,6 +67,8 @@ class ServeConfig:
     socket_dir: Path | None = None
     listen: tuple[str, int] | None = None
     listen_tls: ServerTLS | None = None
+    listen_flag: str = "--listen"
+    """How the user named ``listen``, for messages (``demo`` takes it as ``--port``)."""
     health_listen: tuple[str, int] | None = None
     audit: AuditSettings = AuditSettings()
     shutdown_grace: float = 30.0
@@ -111,7 +113,7 @@ def build_serve_config(
     tls_key_file: str | None,
     client_ca_file: str | None,
     audit_log: str | None = None,
-    audit_level: str = "Metadata",
+    audit_level: str | None = None,
     audit_max_size_mb: int = 0,
     audit_max_backups: int = 0,
     health_listen: str | None,
@@ -174,7 +176,17 @@ def _check_listeners(socket_dir: str | None, listen: str | None, policy: Policy)
         raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
 
 
-def _audit_settings(path: str | None, level: str, max_size_mb: int, backups: int) -> AuditSettings:
+def _audit_settings(
+    path: str | None, level: str | None, max_size_mb: int, backups: int
+) -> AuditSettings:
+    if level is None:
+        level = AuditLevel.METADATA.value
+    elif path is None:
+        # Refused, not ignored: an operator who set a level expects an audit log.
+        raise ConfigError(
+            f"--audit-level {level} needs --audit-log FILE (or - for stdout): without it "
+            "nothing is audited"
+        )
     try:
         audit_level = AuditLevel(level)
     except ValueError:

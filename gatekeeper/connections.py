@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
+from gatekeeper.metrics import UNKNOWN_DRIVER
 from gatekeeper.policy import Decision
 from gatekeeper.proxy import GATEKEEPER
 from gatekeeper.scoped import DROPPED
@@ -209,7 +210,9 @@ class IsolationCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         guard = self._guard
+        known = guard.gatekeeper.engine.policy.allows_driver
         yield _by_caller(
+            known,
             CounterMetricFamily(
                 "dra_gatekeeper_connections_refused",
                 "Connections closed at once as over a connection cap (a driver's: answered 429; "
@@ -240,6 +243,7 @@ class IsolationCollector(Collector):
             DROPPED.value,
         )
         yield _by_caller(
+            known,
             GaugeMetricFamily(
                 "dra_gatekeeper_connections_open",
                 "Open connections, by listener kind and caller.",
@@ -255,8 +259,16 @@ def _total(family: CounterMetricFamily, value: int) -> CounterMetricFamily:
 
 
 def _by_caller(
-    family: CounterMetricFamily | GaugeMetricFamily, counts: Counter[tuple[str, str]]
+    known: Callable[[str], bool],
+    family: CounterMetricFamily | GaugeMetricFamily,
+    counts: Counter[tuple[str, str]],
 ) -> CounterMetricFamily | GaugeMetricFamily:
+    # A caller is a driver (or "unauthenticated") when counted; one the policy no longer
+    # allows (a reload removed it) is "unknown", like every label of a caller not allowed.
+    labelled: Counter[tuple[str, str]] = Counter()
     for (listener, caller), count in counts.items():
+        label = caller if caller == UNAUTHENTICATED or known(caller) else UNKNOWN_DRIVER
+        labelled[(listener, label)] += count
+    for (listener, caller), count in labelled.items():
         family.add_metric([listener, caller], float(count))
     return family

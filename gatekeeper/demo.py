@@ -1,14 +1,16 @@
 """`dra-gatekeeper demo`: the embedded API server and a gatekeeper in front of it, ready to try.
 
 ``--upstream-only`` runs the embedded API server alone (with a kubeconfig for it), for trying
-``dra-gatekeeper serve`` by hand. Five seconds after it is ready the demo publishes one more
-ResourceSlice of the demo driver, so the printed ``kubectl … -w`` shows a change.
+``dra-gatekeeper serve`` by hand. Every ``--change-every`` seconds (10) until stopped, the demo
+publishes or removes one more ResourceSlice of the demo driver, so the printed
+``kubectl … -w`` shows a change whenever it was started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import shutil
 import ssl
@@ -29,12 +31,12 @@ from gatekeeper.server import GatekeeperServer, run_until_signal, socket_path
 from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.usage import UsageParser
 
-__all__ = ["CHANGE_AFTER_SECONDS", "DEMO_DRIVER", "DEMO_NODE", "run_demo_command"]
+__all__ = ["CHANGE_EVERY_SECONDS", "DEMO_DRIVER", "DEMO_NODE", "command_name", "run_demo_command"]
 
 DEMO_NODE = "demo-node"
 DEMO_DRIVER = "gpu.example.com"
-CHANGE_AFTER_SECONDS = 5.0
-"""When the demo publishes its extra slice, after READY (what the printed watch shows)."""
+CHANGE_EVERY_SECONDS = 10.0
+"""How often the demo adds or removes its extra slice (what the printed watch shows)."""
 _PROG = "dra-gatekeeper demo"
 _SELECTOR = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
 
@@ -59,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         "default: any free port",
     )
     parser.add_argument(
+        "--change-every",
+        type=float,
+        default=CHANGE_EVERY_SECONDS,
+        metavar="SECONDS",
+        help="add or remove a ResourceSlice this often, so a watch shows changes "
+        f"(default: {CHANGE_EVERY_SECONDS:g}; 0: never)",
+    )
+    parser.add_argument(
         "--upstream-only",
         action="store_true",
         help="run only the embedded API server, to try `dra-gatekeeper serve` against it",
@@ -75,14 +85,19 @@ def run_demo_command(args: Sequence[str]) -> int:
     if not 0 <= ns.port <= 65535:
         print(f"{_PROG}: --port {ns.port} is not a port", file=sys.stderr)
         return 2
+    if ns.change_every < 0:
+        print(f"{_PROG}: --change-every {ns.change_every:g} is negative", file=sys.stderr)
+        return 2
     keep = ns.dir is not None
-    workdir: Path = ns.dir or Path(tempfile.mkdtemp(prefix="dra-gatekeeper-demo-"))
+    # Absolute: the kubeconfig names its certificate files, and a relative path there is read
+    # relative to the kubeconfig's own directory, not to where the demo was started.
+    workdir: Path = (ns.dir or Path(tempfile.mkdtemp(prefix="dra-gatekeeper-demo-"))).absolute()
     try:
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         asyncio.run(
             _upstream_only(workdir, ns.port)
             if ns.upstream_only
-            else _demo(workdir, ns.port, keep=keep)
+            else _demo(workdir, ns.port, keep=keep, every=ns.change_every)
         )
     except ConfigError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
@@ -108,14 +123,41 @@ def _embedded_api(policy: Policy) -> APIServer:
     return api
 
 
-async def _publish_later(api: APIServer) -> None:
-    await asyncio.sleep(CHANGE_AFTER_SECONDS)
+async def _change_periodically(api: APIServer, every: float) -> None:
+    """Publish, then remove, then publish again… one slice, until cancelled."""
     name = f"{DEMO_NODE}-{DEMO_DRIVER}-1"
-    api.add(resource_slice(name, driver=DEMO_DRIVER, node=DEMO_NODE))
-    print(f"demo: published ResourceSlice {name} (the watch shows it)", flush=True)
+    while True:
+        await asyncio.sleep(every)
+        if api.get("resource.k8s.io", "resourceslices", name) is None:
+            api.add(resource_slice(name, driver=DEMO_DRIVER, node=DEMO_NODE))
+            print(f"demo: published ResourceSlice {name} (a watch shows ADDED)", flush=True)
+        else:
+            api.store.delete(("resource.k8s.io", "resourceslices"), ("", name))
+            print(f"demo: removed ResourceSlice {name} (a watch shows DELETED)", flush=True)
 
 
-async def _demo(workdir: Path, port: int, *, keep: bool) -> None:
+def command_name() -> str:
+    """How to run this dra-gatekeeper again, as printed for the user to type: the bare name
+    only when the PATH finds this same program, else its path (relative to the current
+    directory when inside it), or the interpreter with ``-m gatekeeper``."""
+    program = sys.argv[0]
+    if Path(program).name != "dra-gatekeeper" or not Path(program).exists():
+        return f"{_shown(sys.executable)} -m gatekeeper"
+    on_path = shutil.which("dra-gatekeeper")
+    if on_path is not None and os.path.samefile(on_path, program):
+        return "dra-gatekeeper"
+    return _shown(program)
+
+
+def _shown(path: str) -> str:
+    absolute = Path(path).absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
     policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
     api = _embedded_api(policy)
     files = _write_pki(workdir, create_ca("dra-gatekeeper-demo-ca"))
@@ -128,6 +170,7 @@ async def _demo(workdir: Path, port: int, *, keep: bool) -> None:
             upstream=UpstreamConfig(server=url, token=api.token),
             socket_dir=workdir / "sockets",
             listen=("127.0.0.1", port),
+            listen_flag="--port",
             listen_tls=server_ssl_context(
                 files["server.crt"], files["server.key"], files["ca.crt"]
             ),
@@ -147,8 +190,9 @@ async def _demo(workdir: Path, port: int, *, keep: bool) -> None:
                     "client-key": files[f"{DEMO_DRIVER}.key"],
                 },
             )
-            _print_instructions(workdir, kubeconfig, keep=keep)
-            tasks.append(asyncio.ensure_future(_publish_later(api)))
+            _print_instructions(workdir, kubeconfig, keep=keep, every=every)
+            if every > 0:
+                tasks.append(asyncio.ensure_future(_change_periodically(api, every)))
 
         await run_until_signal(start, server.stop, server.reloader.reload)
     finally:
@@ -167,7 +211,13 @@ async def _upstream_only(workdir: Path, port: int) -> None:
     tls.load_cert_chain(files["server.crt"], files["server.key"])
 
     async def start() -> None:
-        url = await api.start(port=port, ssl_context=tls)
+        try:
+            url = await api.start(port=port, ssl_context=tls)
+        except OSError as exc:
+            raise ConfigError(
+                f"--port {port}: cannot listen on 127.0.0.1:{port}: "
+                f"{os.strerror(exc.errno) if exc.errno else exc}"
+            ) from None
         kubeconfig = _write_kubeconfig(
             workdir / "upstream.kubeconfig",
             url,
@@ -182,7 +232,7 @@ A kubeconfig with its token (the node's credentials, for the gatekeeper):
 KUBECONFIG={kubeconfig}
 
 Try the gatekeeper in front of it, in another shell:
-  dra-gatekeeper serve --node-name {DEMO_NODE} --driver {DEMO_DRIVER} \\
+  {command_name()} serve --node-name {DEMO_NODE} --driver {DEMO_DRIVER} \\
     --kubeconfig {kubeconfig} --socket-dir {workdir / "sockets"} \\
     --health-listen 127.0.0.1:8081 --audit-log -
   curl --unix-socket {socket_path(workdir / "sockets", DEMO_DRIVER)} \\
@@ -226,9 +276,15 @@ def _write_kubeconfig(
     return path
 
 
-def _print_instructions(workdir: Path, kubeconfig: Path, *, keep: bool) -> None:
+def _print_instructions(workdir: Path, kubeconfig: Path, *, keep: bool, every: float) -> None:
     sock = socket_path(workdir / "sockets", DEMO_DRIVER)
-    wait = f"{CHANGE_AFTER_SECONDS:.0f}"
+    changes = (
+        f"Every {every:g} s until stopped, the demo adds or removes the slice "
+        f"{DEMO_NODE}-{DEMO_DRIVER}-1: a watch shows it.\n"
+        if every > 0
+        else ""
+    )
+    watching = f"# changes every {every:g} s" if every > 0 else "# the driver's slices, live"
     cleanup = "" if keep else f" and removes {workdir}"
     print(
         f"""
@@ -240,14 +296,14 @@ KUBECONFIG={kubeconfig}
 Try, in another shell:
   export KUBECONFIG={kubeconfig}
   kubectl get resourceslices --field-selector {_SELECTOR}     # allowed: the driver's own slices
-  kubectl get resourceslices --field-selector {_SELECTOR} -w  # a new one in {wait} s
+  kubectl get resourceslices --field-selector {_SELECTOR} -w  {watching}
   kubectl get resourceslices                                  # refused: cluster-wide list
   kubectl get secrets                                         # refused: not a DRA kind
   curl --unix-socket {sock} \\
     'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={_SELECTOR}'
   tail -f {workdir / "audit.log"}                             # one audit event per request
 
-Ctrl-C stops everything{cleanup}.
+{changes}Ctrl-C stops everything{cleanup}.
 READY""",
         flush=True,
     )

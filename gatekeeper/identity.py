@@ -50,21 +50,31 @@ def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:
     is in (DESIGN §4.2): a driver pod mounts only its own directory.
     """
     if transport is None:
-        raise Refusal(401, "connection closed before identification", "Unauthorized")
+        raise _unauthorized("connection closed before identification")
     sockname = transport.get_extra_info("sockname")
     if isinstance(sockname, str) and sockname:
         driver = socket_drivers.get(sockname)
         if driver is None:
-            raise Refusal(401, f"no driver is bound to socket {sockname}", "Unauthorized")
+            raise _unauthorized(f"no driver is bound to socket {sockname}")
         return Identity(driver=driver, transport="unix", peer=_peer_credentials(transport))
     ssl_object = transport.get_extra_info("ssl_object")
     if ssl_object is not None:
         cert = ssl_object.getpeercert()
         common_name = client_cert_common_name(cert) if cert else None
         if not common_name:
-            raise Refusal(401, "no verified client certificate with a subject CN", "Unauthorized")
+            raise _unauthorized(
+                "no verified client certificate with a subject CN",
+                "present the driver's client certificate (CN = the driver name), signed by the "
+                "gatekeeper's client CA",
+            )
         return Identity(driver=common_name, transport="mtls", peer=_cert_facts(cert))
-    raise Refusal(401, "no identity: use the driver's Unix socket or mTLS", "Unauthorized")
+    raise _unauthorized("no identity: use the driver's Unix socket or mTLS")
+
+
+def _unauthorized(reason: str, hint: str = "") -> Refusal:
+    # The Status says why, as the audit event does: "Unauthorized" alone leaves a driver author
+    # guessing which of the identity rules failed (DESIGN §4.2).
+    return Refusal(401, reason, f"Unauthorized: {reason}" + (f"; {hint}" if hint else ""))
 
 
 def _peer_credentials(transport: Any) -> dict[str, str]:

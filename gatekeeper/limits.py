@@ -113,13 +113,14 @@ _FLAGS = {
 }
 
 
-def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+def add_limit_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The ``serve`` flags for every limit (README, "Limits")."""
     for flag, (name, what) in _FLAGS.items():
         default = getattr(DEFAULT_LIMITS, name)
         parser.add_argument(
-            flag, type=type(default), default=default, metavar="N",
-            help=f"{what} (default {default})",
+            flag, type=type(default), default=default,
+            metavar="SECONDS" if what.startswith("seconds") else "N",
+            help=f"{what} (default {default:g})",
         )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -27,27 +27,46 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gatekeeper.audit import AuditSink
+from gatekeeper.rules import rule_of
 
-__all__ = ["CONTENT_TYPE", "MeteredSink", "Metrics", "UpstreamWatches"]
+__all__ = [
+    "CONTENT_TYPE",
+    "UNKNOWN_DRIVER",
+    "LabelPolicy",
+    "MeteredSink",
+    "Metrics",
+    "UpstreamWatches",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _UNKNOWN = "-"
-_MAX_REASONS = 200
-_ANONYMOUS = "system:anonymous"
-_NOT_A_DRIVER = "the caller is not a driver allowed on this node"
+UNKNOWN_DRIVER = "unknown"
+"""The driver label of a caller that is not a driver the policy allows."""
+_VERBS = frozenset(
+    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class LabelPolicy(Protocol):
+    """What label values are checked against: the policy being served."""
+
+    def allows_driver(self, driver: str) -> bool: ...
+
+    def kind_for(self, group: str, resource: str) -> Any: ...
 
 
 class Metrics:
     """Every metric of one gatekeeper, registered on ``registry``.
 
-    ``is_driver`` says whether a name is a driver on this node: any other caller (the CN of a
-    certificate that names no driver) is counted as ``-``, so that the series stay bounded by
-    the drivers, whatever certificates clients present.
+    Label values come from fixed sets, never from what a client sends (a new value is a new
+    series, held forever): drivers the policy allows (else ``unknown``), its kinds (else
+    ``other``), the API verbs, HTTP codes, and the rule that refused (:mod:`gatekeeper.rules`).
     """
 
-    def __init__(self, is_driver: Callable[[str], bool] = lambda name: True) -> None:
-        self.is_driver = is_driver
+    def __init__(self) -> None:
+        self.policy: Callable[[], LabelPolicy] | None = None
+        """The policy now served (set by the server): which drivers and kinds are known."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -58,7 +77,8 @@ class Metrics:
         )
         self.refusals = Counter(
             "dra_gatekeeper_refusals",
-            "Requests the gatekeeper refused, by driver and reason (the audit's reason).",
+            "Requests the gatekeeper refused, by driver and the rule that refused (the audit "
+            "event has the whole reason).",
             ["driver", "reason"],
             registry=r,
         )
@@ -103,7 +123,6 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("dra_gatekeeper_ready", "1 when /readyz answers ok.", registry=r)
-        self._reasons: set[str] = set()
         self._watch_drivers: dict[str, str] = {}
 
     def render(self) -> bytes:
@@ -114,15 +133,34 @@ class Metrics:
         """Export the audit writer's queue depth and counters (``stats``, ``queue_depth``)."""
         self.registry.register(_AuditCollector(source))
 
+    # --- label values from fixed sets ----------------------------------------------------
+
+    def driver_label(self, driver: str) -> str:
+        """``driver`` if the policy allows it, else ``unknown``."""
+        policy = self.policy() if self.policy is not None else None
+        if policy is not None and driver and policy.allows_driver(driver):
+            return driver
+        return UNKNOWN_DRIVER
+
+    def _resource_label(self, ref: dict[str, Any]) -> str:
+        resource, group = ref.get("resource"), str(ref.get("apiGroup") or "")
+        if not resource:
+            return _UNKNOWN  # a non-resource path (discovery, /version)
+        policy = self.policy() if self.policy is not None else None
+        kind = policy.kind_for(group, str(resource)) if policy is not None else None
+        if kind is None:
+            return "other"
+        subresource = ref.get("subresource")
+        if subresource:
+            return f"{resource}/{subresource}" if subresource in kind.subresources else "other"
+        return str(resource)
+
     # --- from audit events ---------------------------------------------------------------
 
     def record_event(self, event: dict[str, Any]) -> None:
         """Count one audit event: a finished request, or a watch that started streaming."""
         user = event.get("user") or {}
-        driver = str(user.get("username") or _UNKNOWN)
-        stranger = bool(user.get("username")) and not self.is_driver(driver)
-        if stranger:
-            driver = _UNKNOWN
+        driver = self.driver_label(str(user.get("username") or ""))
         audit_id = str(event.get("auditID", ""))
         if event.get("stage") == "ResponseStarted":
             self._watch_drivers[audit_id] = driver
@@ -130,24 +168,17 @@ class Metrics:
             return
         if (started := self._watch_drivers.pop(audit_id, None)) is not None:
             self.watches.labels(started).dec()
-        ref = event.get("objectRef") or {}
-        resource = str(ref.get("resource") or _UNKNOWN)
-        if ref.get("subresource"):
-            resource = f"{resource}/{ref['subresource']}"
+        resource = self._resource_label(event.get("objectRef") or {})
         annotations = event.get("annotations") or {}
-        decision = str(annotations.get("authorization.k8s.io/decision") or "none")
-        code = str((event.get("responseStatus") or {}).get("code", 0))
-        verb = str(event.get("verb") or _UNKNOWN)
-        self.requests.labels(driver, verb, resource, decision, code).inc()
+        decision = annotations.get("authorization.k8s.io/decision")
+        decision = decision if decision in ("allow", "forbid") else "none"
+        code = int((event.get("responseStatus") or {}).get("code", 0) or 0)
+        verb = str(event.get("verb") or "")
+        verb = verb if verb in _VERBS else "other"
+        self.requests.labels(driver, verb, resource, decision, str(code)).inc()
         if decision == "forbid":
-            reason = str(annotations.get("authorization.k8s.io/reason") or _UNKNOWN)[:100]
-            if stranger and user.get("username") != _ANONYMOUS:
-                reason = _NOT_A_DRIVER  # the rule names the caller's CN: one series for all
-            if reason not in self._reasons:
-                # Reasons are short rule texts, but some name a path: bound the label set.
-                reason = "other" if len(self._reasons) >= _MAX_REASONS else reason
-                self._reasons.add(reason)
-            self.refusals.labels(driver, reason).inc()
+            reason = str(annotations.get("authorization.k8s.io/reason") or "")
+            self.refusals.labels(driver, rule_of(code, reason)).inc()
 
     # --- in-flight requests ----------------------------------------------------------------
 

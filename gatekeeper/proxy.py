@@ -42,6 +42,7 @@ from gatekeeper.limits import DriverBudgets
 from gatekeeper.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
+from gatekeeper.policy.plan import Plan
 from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.scoped import DROPPED_ANNOTATION, WatchFilter
@@ -49,7 +50,16 @@ from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamResponse
 
-__all__ = ["GATEKEEPER", "Gatekeeper", "build_app", "decide", "forward", "handle", "read_body"]
+__all__ = [
+    "GATEKEEPER",
+    "Gatekeeper",
+    "build_app",
+    "decide",
+    "forward",
+    "handle",
+    "plan_request",
+    "read_body",
+]
 
 log = logging.getLogger("gatekeeper.proxy")
 
@@ -125,6 +135,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
         # cannot take the place (upstream connections, memory) of another driver's: 429.
         with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
+            plan = plan_request(gk, flow, request.headers.get("Accept", ""))
+            if isinstance(plan, Decision) and not plan.allowed:
+                # Refused on the request alone (a kind the policy does not allow, a verb, a
+                # driver): said as such, whatever the body is, which is never read.
+                flow.decision = plan
+                return _answer(flow, plan)
             timeout = gk.budgets.limits.body_timeout
             flow.media_type, flow.body = await read_body(request, flow.info, timeout)
             flow.decision = await decide(gk, flow, request.headers.get("Accept", ""))
@@ -163,6 +179,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
             # Cancelled: the driver went away (or the server is stopping) mid-request.
             flow.finish(499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
+
+
+def plan_request(gk: Gatekeeper, flow: Flow, accept: str = "") -> Plan | Decision:
+    """The request-level rules (kind, verb, driver), before the body is read: planned as JSON,
+    so that only what the request itself names can refuse it here; its encoding is judged
+    once the body is read (:func:`decide` plans again with the body's media type)."""
+    assert flow.identity is not None and flow.info is not None
+    plain_json = accepts_plain_json(accept)
+    return gk.engine.plan(flow.identity, flow.info, JSON, plain_json=plain_json)
 
 
 async def decide(gk: Gatekeeper, flow: Flow, accept: str = "") -> Decision:

@@ -70,7 +70,10 @@ class Reloader:
                 log.exception("reload check failed")
 
     async def reload(self, *, force: bool = True) -> None:
-        """Reload what changed since the last look (``force``: policy and TLS regardless)."""
+        """Reload what changed since the last look (``force``, SIGHUP: the policy regardless).
+
+        The TLS files are reloaded (logged, counted) only when one of them changed: a SIGHUP
+        that finds them as they were reports nothing about them."""
         async with self._lock:
             config = self._server.config
             policy_now = _identity(config.policy_path)
@@ -82,7 +85,7 @@ class Reloader:
                 self._token_seen = token_now
                 self._apply("token", config.tokens.reload)
             tls = config.listen_tls
-            if tls is not None and (force or tls.changed()) and self._apply("tls", tls.reload):
+            if tls is not None and tls.changed() and self._apply("tls", tls.reload):
                 self.check_expiry()
 
     def _apply(self, what: str, action: Callable[[], None]) -> bool:

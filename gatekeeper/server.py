@@ -29,7 +29,7 @@ from gatekeeper.health import Readiness, build_health_app, upstream_probe
 from gatekeeper.identity import identify
 from gatekeeper.limits import DriverBudgets
 from gatekeeper.listeners import SOCKET_NAME, DriverSocket, SocketListeners
-from gatekeeper.metrics import MeteredSink, Metrics, UpstreamWatches
+from gatekeeper.metrics import UNKNOWN_DRIVER, MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.reload import Reloader
@@ -100,7 +100,7 @@ def bind_listeners(
             for driver_socket in sockets.bind(drivers):
                 bound.append(_unix_listener(driver_socket.driver, driver_socket))
         if config.listen is not None:
-            bound.append(Listener("mtls", _bind_tcp(*config.listen, "--listen")))
+            bound.append(Listener("mtls", _bind_tcp(*config.listen, config.listen_flag)))
         if config.health_listen is not None:
             bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
     except BaseException:
@@ -167,7 +167,8 @@ class GatekeeperServer:
         audit: AuditSink | None = None,
     ) -> None:
         self.config = config
-        self.metrics = Metrics(lambda name: self.engine.policy.allows_driver(name))
+        self.metrics = Metrics()
+        self.metrics.policy = lambda: self.engine.policy
         self.upstream_watches = UpstreamWatches()
         sink = audit if audit is not None else open_audit(config.audit)
         if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
@@ -306,13 +307,11 @@ class GatekeeperServer:
         try:
             identity = identify(request.transport, self.gatekeeper.socket_drivers)
         except Refusal:
-            return "-"
-        if identity.transport != "unix" and not self.engine.policy.allows_driver(identity.driver):
-            return "-"  # a certificate naming no driver: no series of its own
+            return UNKNOWN_DRIVER
         not_after = identity.peer.get("certNotAfter")
-        if not_after:
+        if not_after and self.engine.policy.allows_driver(identity.driver):
             self.expiry.observe_client(identity.driver, not_after)
-        return identity.driver
+        return self.metrics.driver_label(identity.driver)
 
     def _handshake_failed(self, peer: str, reason: str) -> None:
         self.metrics.tls_failures.labels(reason[:60]).inc()

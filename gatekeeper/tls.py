@@ -63,13 +63,8 @@ def _build_context(files: TLSFiles) -> ssl.SSLContext:
     # but a handshake in the listener's small unauthenticated bucket (the driver without a
     # certificate sees a TLS error, not a 401; README "Troubleshooting").
     context.verify_mode = ssl.CERT_REQUIRED
-    try:
-        context.load_cert_chain(files.cert_file, files.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--tls-cert-file {files.cert_file} / --tls-key-file {files.key_file}: "
-            f"cannot load: {_reason(exc)}"
-        ) from None
+    _load_pair(context, files.cert_file, files.key_file)
+    _readable("--client-ca-file", files.client_ca_file)
     try:
         context.load_verify_locations(cafile=files.client_ca_file)
     except (OSError, ssl.SSLError) as exc:
@@ -77,6 +72,38 @@ def _build_context(files: TLSFiles) -> ssl.SSLContext:
             f"--client-ca-file {files.client_ca_file}: cannot load: {_reason(exc)}"
         ) from None
     return context
+
+
+def _readable(flag: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _load_pair(context: ssl.SSLContext, cert_file: str, key_file: str) -> None:
+    """Load the serving pair; a failure names the file at fault, or says they do not match."""
+    cert = _readable("--tls-cert-file", cert_file)
+    key = _readable("--tls-key-file", key_file)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+        return
+    except (OSError, ssl.SSLError) as exc:
+        failure = _reason(exc)
+    both = f"--tls-cert-file {cert_file} / --tls-key-file {key_file}"
+    is_cert, is_key = b"-----BEGIN CERTIFICATE-----" in cert, b"PRIVATE KEY-----" in key
+    if not is_cert and not is_key and b"PRIVATE KEY-----" in cert and b"CERTIFICATE-----" in key:
+        message = f"{both}: certificate and key do not match (the two files are swapped)"
+    elif not is_cert:
+        message = f"--tls-cert-file {cert_file}: not a PEM certificate"
+    elif not is_key:
+        message = f"--tls-key-file {key_file}: not a PEM private key"
+    elif "KEY_VALUES_MISMATCH" in failure or "key values mismatch" in failure.lower():
+        message = f"{both}: certificate and key do not match"
+    else:
+        message = f"{both}: cannot load: {failure}"
+    raise ConfigError(message)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,7 +1,9 @@
 """Shared fixtures: throwaway PKI, the embedded API server as upstream, a running gatekeeper.
 
 The helpers behind them ship in :mod:`gatekeeper.testing`; test modules import from there.
-Tests marked ``kubectl`` are skipped when kubectl is not installed.
+Tests marked ``kubectl`` are skipped when kubectl is not installed, the only reason a test may
+skip; when the environment variable ``CI`` is set, every skip is reported as a failure instead,
+so a CI run cannot pass on tests that did not run.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -46,10 +49,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if KUBECTL is None:
-        skip = pytest.mark.skip(reason="kubectl is not installed")
+        skip = pytest.mark.skip(reason="kubectl is not installed (not on the PATH)")
         for item in items:
             if "kubectl" in item.keywords:
                 item.add_marker(skip)
+
+
+def _no_skips_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under ``CI``, a skip is a failure that says what was skipped and why."""
+    if not os.environ.get("CI") or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    report.outcome = "failed"
+    report.longrepr = f"skipped, and no skip is allowed under CI (CI is set): {reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    _no_skips_under_ci(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    report = yield
+    _no_skips_under_ci(report)
+    return report
 
 
 @pytest.fixture(scope="session")

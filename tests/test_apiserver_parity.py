@@ -9,7 +9,6 @@ Each test names the recording it follows and fails on the gatekeeper before issu
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from gatekeeper.testing.harness import (
     slice_manifest,
 )
 from gatekeeper.upstream import UpstreamSession
+from tests.recorded import recording
 
 GROUP = "resource.k8s.io"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -36,7 +36,6 @@ POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
 SELECTOR = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3D{NODE}"
 NAME = "node-a-gpu-0"
 APPLY = "application/apply-patch+yaml"
-RECORDINGS = Path(__file__).resolve().parents[1] / ".." / "shared" / "recordings"
 
 
 def stored(apiserver: APIServer, name: str = NAME) -> dict[str, Any] | None:
@@ -296,7 +295,7 @@ async def test_a_negotiated_get_is_forwarded(gatekeeper: Running, apiserver: API
 async def test_a_post_to_a_named_path_is_405_as_the_apiserver_says(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
-    recorded = json.loads(next(RECORDINGS.glob("199-*.json")).read_text())
+    recorded = recording(199)
     status, answer = await send(gatekeeper, "POST", f"{SLICES}/rec2-x", slice_manifest("rec2-x"))
     assert (status, answer) == (recorded["status"], recorded["response_body"])
     assert apiserver.journal == []

@@ -399,3 +399,14 @@ def test_cli_show_names_the_driver_and_expiry(
         capsys.readouterr().err
         == f"dra-gatekeeper certs: {tmp_path / 'junk.crt'}: not a PEM certificate\n"
     )
+
+
+def test_cli_show_lists_a_server_certificates_names(
+    tmp_path: Path, ca: IssuedCert, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = issue_server_cert(ca, ["gatekeeper.local", "127.0.0.1", "::1"])
+    write_pem(tmp_path / "server.crt", server.cert_pem)
+    assert run_certs_command(["show", str(tmp_path / "server.crt")]) == 0
+    out = capsys.readouterr().out
+    assert "role:       server" in out
+    assert "SANs:       DNS:gatekeeper.local, IP:127.0.0.1, IP:::1\n" in out

@@ -3,6 +3,7 @@ run over a Unix socket against the embedded API server, stopped by SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gatekeeper.cli import build_parser
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
@@ -53,6 +55,16 @@ from gatekeeper.testing.harness import (
             ],
             "--audit-level",
             id="bad-audit-level",
+        ),
+        pytest.param(
+            [
+                *("--node-name", "n", "--driver", GPU, "--socket-dir", "/tmp/x"),
+                "--audit-level",
+                "Request",
+            ],
+            "--audit-level Request needs --audit-log FILE (or - for stdout): without it nothing "
+            "is audited",
+            id="audit-level-without-audit-log",
         ),
         pytest.param(["--bogus"], "unrecognized arguments", id="unknown-flag"),
         pytest.param(
@@ -183,3 +195,26 @@ def test_readme_table_lists_every_serve_flag() -> None:
     assert len(flags) > 15
     missing = [flag for flag in flags if f"`{flag}" not in table]
     assert missing == []
+
+
+def test_serve_help_says_what_is_required_and_every_default() -> None:
+    parser = build_parser()
+    serve = next(
+        action.choices["serve"]
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    text = serve.format_help()
+    description = " ".join(serve.description.split())
+    assert "Required: --node-name (or env NODE_NAME) and at least one listener" in description
+    assert "listeners (at least one is required):" in text
+    for action in serve._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        assert action.help, flag
+        assert action.metavar, flag
+        if action.default not in (None, []) or "required" not in action.help:
+            assert "default" in action.help, flag
+        if flag.endswith(("-timeout", "-wait", "-period")):
+            assert action.metavar == "SECONDS", flag

@@ -6,13 +6,17 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gatekeeper.testing import resource_slice
 from gatekeeper.testing.harness import GPU, KUBECTL, free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.kubectl
@@ -29,15 +33,21 @@ async def test_demo_serves_kubectl_and_cleans_up(tmp_path: Path) -> None:
     assert os.path.basename(kubeconfig) == "gpu.example.com.kubeconfig"
 
 
-async def _start_demo(*args: str) -> tuple[asyncio.subprocess.Process, list[str]]:
+CONSOLE_SCRIPT = Path(sys.executable).parent / "dra-gatekeeper"
+
+
+async def _start_demo(
+    *args: str,
+    program: tuple[str, ...] = (sys.executable, "-m", "gatekeeper"),
+    cwd: Path = REPO,
+) -> tuple[asyncio.subprocess.Process, list[str]]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gatekeeper",
+        *program,
         "demo",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
     )
     assert process.stdout is not None
     lines: list[str] = []
@@ -57,25 +67,36 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 @pytest.mark.kubectl
 async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
     workdir, port = tmp_path / "demo", free_port()
-    process, lines = await _start_demo("--dir", str(workdir), "--port", str(port))
+    process, lines = await _start_demo(
+        "--dir", str(workdir), "--port", str(port), "--change-every", "1"
+    )
     try:
         kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
         assert Path(kubeconfig).parent == workdir
         selector = "spec.nodeName=demo-node,spec.driver=gpu.example.com"
-        printed = next(line for line in lines if line.strip().endswith("s") and " -w " in line)
+        printed = next(line for line in lines if " -w " in line)
         assert f"kubectl get resourceslices --field-selector {selector} -w" in printed
+        assert printed.endswith("# changes every 1 s")
+        assert (
+            "Every 1 s until stopped, the demo adds or removes the slice "
+            "demo-node-gpu.example.com-1: a watch shows it." in lines
+        )
+        # The watch starts only after the demo's first change: later changes still show.
+        assert process.stdout is not None
+        first_change = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert first_change.decode().startswith("demo: published ResourceSlice")
         base = [str(KUBECTL), "--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "c")]
         watch = await asyncio.create_subprocess_exec(
             *base,
-            *("get", "resourceslices", "--field-selector", selector, "-w", "-o", "name"),
+            *("get", "resourceslices", "--field-selector", selector, "-w"),
+            *("--output-watch-events", "-o", 'jsonpath={.type} {.object.metadata.name}{"\\n"}'),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
         assert watch.stdout is not None
         try:
             first = await asyncio.wait_for(watch.stdout.readline(), 30)
-            assert first.decode().strip().endswith("/demo-node-gpu.example.com-0")
-            await asyncio.sleep(3)  # the watch has been open for a while: it still delivers
+            assert first.decode().split() == ["ADDED", "demo-node-gpu.example.com-0"]
             manifest = tmp_path / "late.yaml"
             manifest.write_text(
                 json.dumps(resource_slice("demo-node-late", driver=GPU, node="demo-node"))
@@ -84,11 +105,20 @@ async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
                 *base, "create", "-f", str(manifest), stdout=asyncio.subprocess.PIPE
             )
             assert await asyncio.wait_for(create.wait(), 60) == 0
-            seen: set[str] = set()
-            while not {"demo-node-late", "demo-node-gpu.example.com-1"} <= seen:
+            seen: set[tuple[str, str]] = set()
+            wanted = {
+                ("ADDED", "demo-node-late"),
+                ("ADDED", "demo-node-gpu.example.com-1"),
+                ("DELETED", "demo-node-gpu.example.com-1"),
+            }
+            for _ in range(100):  # the demo changes its slice every second: bounded
                 line = await asyncio.wait_for(watch.stdout.readline(), 30)
                 assert line, "the watch ended"
-                seen.add(line.decode().strip().rsplit("/", 1)[-1])
+                event, name = line.decode().split()
+                seen.add((event, name))
+                if wanted <= seen:
+                    break
+            assert wanted <= seen, seen
         finally:
             watch.kill()
             await watch.wait()
@@ -105,7 +135,9 @@ async def test_upstream_only_runs_the_embedded_api_server_alone(tmp_path: Path) 
     process, lines = await _start_demo("--upstream-only", "--dir", str(tmp_path))
     try:
         kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
-        assert any(line.strip().startswith("dra-gatekeeper serve") for line in lines)
+        (serve,) = [line.split() for line in lines if " serve --node-name " in line]
+        # Printed as it runs from here: the interpreter that runs the demo, with -m gatekeeper.
+        assert serve[:3] == [os.path.relpath(sys.executable, REPO), "-m", "gatekeeper"]
         run = await asyncio.create_subprocess_exec(
             str(KUBECTL),
             *("--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "c")),
@@ -119,3 +151,52 @@ async def test_upstream_only_runs_the_embedded_api_server_alone(tmp_path: Path) 
     finally:
         await _stop(process)
     assert process.returncode == 0
+
+
+async def test_the_printed_serve_command_runs_as_printed(tmp_path: Path) -> None:
+    """Started as the README says (the venv's console script, from the clone), the demo prints
+    the command that runs from there; a bare ``dra-gatekeeper`` only when the PATH finds it."""
+    process, lines = await _start_demo(
+        "--upstream-only", "--dir", str(tmp_path), program=(os.path.relpath(CONSOLE_SCRIPT, REPO),)
+    )
+    await _stop(process)
+    (serve,) = [line.split() for line in lines if " serve --node-name " in line]
+    if CONSOLE_SCRIPT.is_relative_to(REPO):  # the README's install: .venv in the clone
+        assert serve[0] == ".venv/bin/dra-gatekeeper"
+    else:
+        assert serve[0] == str(CONSOLE_SCRIPT)
+    ran = await asyncio.create_subprocess_exec(
+        serve[0], "--version", cwd=REPO, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(ran.communicate(), 60)
+    assert out.decode().startswith("dra-gatekeeper ")
+
+
+@pytest.mark.parametrize("upstream_only", [False, True], ids=["demo", "upstream-only"])
+async def test_a_busy_port_names_the_port_flag(tmp_path: Path, upstream_only: bool) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = ["--dir", str(tmp_path), "--port", str(port)]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gatekeeper", "demo", *args,
+            *(["--upstream-only"] if upstream_only else []),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    message = err.decode().strip().splitlines()[-1]
+    assert message.startswith(f"dra-gatekeeper demo: --port {port}") or message.startswith(
+        f"dra-gatekeeper demo: --port 127.0.0.1:{port}"
+    ), message
+    assert "--listen" not in err.decode() and "Address already in use" in message
+
+
+async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(tmp_path: Path) -> None:
+    process, lines = await _start_demo("--dir", "rel", "--change-every", "0", cwd=tmp_path)
+    await _stop(process)
+    kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
+    assert kubeconfig == str(tmp_path / "rel" / "gpu.example.com.kubeconfig")
+    user = yaml.safe_load(Path(kubeconfig).read_text())["users"][0]["user"]
+    assert user["client-certificate"] == str(tmp_path / "rel" / "gpu.example.com.crt")

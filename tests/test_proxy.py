@@ -534,8 +534,14 @@ async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
 ) -> None:
     """Not 499 "client disconnected": the driver got a 500, and the event says so."""
 
+    served = policy
+
     class Broken:
         node_name = NODE
+
+        @property
+        def policy(self) -> Any:
+            return served  # what /metrics labels are checked against
 
         def plan(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug")
@@ -552,3 +558,40 @@ async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
     assert event["responseStatus"]["code"] == 500
     assert event["responseStatus"]["message"] == "internal error: RuntimeError"
     assert apiserver.journal == []
+
+
+SECRETS = "/api/v1/namespaces/default/secrets"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+# Recorded client-go bytes: a ResourceSlice in protobuf (recording 207), an object in CBOR (226).
+PROTOBUF_BODY = b"k8s\x00\n\x1e\n\x12resource.k8s.io/v1\x12\x08Resource"
+CBOR_BODY = b"\xd9\xd9\xf7\xa2dkindfSecret"
+
+
+@pytest.mark.parametrize(
+    ("media_type", "body"),
+    [(PROTOBUF, PROTOBUF_BODY), ("application/cbor", CBOR_BODY), ("application/yaml", b"a: b")],
+    ids=["protobuf", "cbor", "yaml"],
+)
+async def test_a_kind_the_policy_does_not_allow_is_refused_as_such_whatever_the_body(
+    gatekeeper: Running, apiserver: APIServer, media_type: str, body: bytes
+) -> None:
+    async with gatekeeper.unix_session(GPU) as session:
+        refused = await session.post(SECRETS, data=body, headers={"Content-Type": media_type})
+        status = await refused.json()
+        assert refused.status == 403, status
+        assert status["message"] == (
+            'secrets is forbidden: User "gpu.example.com" cannot create resource "secrets" in '
+            'API group "" in the namespace "default": the gatekeeper policy does not allow this '
+            "resource"
+        )
+        assert apiserver.journal == []  # not even a dry run of the body
+        if media_type == "application/yaml":
+            # An allowed kind still gets 415 for a body the gatekeeper does not read.
+            unread = await session.post(
+                "/apis/resource.k8s.io/v1/resourceslices",
+                data=body,
+                headers={"Content-Type": media_type},
+            )
+            assert unread.status == 415
+            assert "unknown format" in (await unread.json())["message"]
+            assert apiserver.journal == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -15,6 +14,7 @@ import pytest
 
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Kubectl, Running
+from tests.recorded import recording, recording_path
 
 GROUP = "resource.k8s.io"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -475,15 +475,11 @@ async def test_kubectl_get_claims_shows_only_ours(
     assert (code, out) == (0, "mine"), err
 
 
-RECORDINGS = Path(__file__).resolve().parents[1].parent / "shared" / "recordings"
-
-
 def recorded_status(name: str) -> bytes:
     """The Status a real kube-apiserver answered, serialized in its own key order."""
-    path = RECORDINGS / name
-    if not path.exists():
-        pytest.skip(f"recording {name} is not available")
-    return json.dumps(json.loads(path.read_text())["response_body"]).encode()
+    number = int(name.split("-", 1)[0])
+    assert recording_path(number).name == name
+    return json.dumps(recording(number)["response_body"]).encode()
 
 
 async def test_absent_and_hidden_objects_answer_the_apiservers_not_found(

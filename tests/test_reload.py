@@ -260,7 +260,11 @@ async def _tls_status(running: Running, directory: Path, stem: str, ca: str) -> 
 
 
 async def test_serving_cert_and_client_ca_reload(
-    apiserver: APIServer, policy: Policy, pki: PKI, tmp_path: Path
+    apiserver: APIServer,
+    policy: Policy,
+    pki: PKI,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     files = tmp_path / "tls"
     files.mkdir()
@@ -291,6 +295,12 @@ async def test_serving_cert_and_client_ca_reload(
         # New connections: the new serving certificate (verified by the new CA) and client CA.
         assert await _tls_status(running, files, "new-client", new_ca_file) == 200
         assert await _tls_status(running, files, "old-client", old_ca_file) != 200
+        text = metrics_text(running)
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="tls", result="ok") == 1
+        # SIGHUP (a forced reload) with the files as they are: no TLS reload to log or count.
+        with caplog.at_level(logging.INFO, logger="gatekeeper"):
+            await running.server.reloader.reload()
+        assert "file=tls" not in caplog.text
         text = metrics_text(running)
         assert metric_value(text, "dra_gatekeeper_reloads_total", file="tls", result="ok") == 1
         # A broken file is refused; the current files keep serving.

@@ -40,6 +40,36 @@ def test_unloadable_file_names_the_flag_and_file(
     assert "\n" not in str(caught.value)
 
 
+def test_a_missing_file_is_named_alone(pki: PKI, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.crt")
+    with pytest.raises(ConfigError) as caught:
+        ServerTLS.load(files(pki, cert_file=missing))
+    assert str(caught.value) == f"--tls-cert-file {missing}: cannot read: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("cert", "key", "message"),
+    [
+        (
+            "server.key",
+            "server.crt",
+            "certificate and key do not match (the two files are swapped)",
+        ),
+        ("server.crt", "client", "certificate and key do not match"),
+        ("ca.crt", "server.key", "certificate and key do not match"),
+    ],
+    ids=["swapped", "another-key", "another-certificate"],
+)
+def test_a_pair_that_does_not_match_says_so(pki: PKI, cert: str, key: str, message: str) -> None:
+    key_file = pki.client_files("gpu.example.com")[1] if key == "client" else pki.path(key)
+    cert_file = pki.path(cert)
+    with pytest.raises(ConfigError) as caught:
+        ServerTLS.load(files(pki, cert_file=cert_file, key_file=key_file))
+    assert (
+        str(caught.value) == f"--tls-cert-file {cert_file} / --tls-key-file {key_file}: {message}"
+    )
+
+
 def test_changes_are_seen_through_symlinks(pki: PKI, tmp_path: Path) -> None:
     first = tmp_path / "a.crt"
     first.write_bytes(Path(pki.path("ca.crt")).read_bytes())

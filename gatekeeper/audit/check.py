@@ -28,7 +28,12 @@ _NOT_REPLAYABLE_CODES = frozenset({401, 413, 415, 429})
 # Outcomes that are about the stored object, not authorization: the same on both sides.
 _STATE_CODES = frozenset({404, 409})
 _JSON = "application/json"
+_PREVIEWED = frozenset({"application/apply-patch+yaml", "application/strategic-merge-patch+json"})
 _UNDETERMINED = "refused before, allowed now only if the object is the caller's (not in the log)"
+_FAILED_UPSTREAM = (
+    "allowed before, then refused by the apiserver (a 4xx) before the object it would store was "
+    "known: refused now only on the request's body, which the apiserver never stored"
+)
 # Refusals for what the log does not record (the gatekeeper's own reasons, DESIGN §4.5):
 # re-deciding without it would allow them, a change that is not one.
 _UNRECORDED = (
@@ -106,6 +111,13 @@ def check_records(
             # Allowed only under the assumption that the object is the caller's: unknown.
             report.skipped[_UNDETERMINED] += 1
             continue
+        failed_upstream = record.decision == "allow" and 400 <= record.code < 500
+        if after == "forbid" and failed_upstream and (basis == "metadata" or _previewed(record)):
+            # E.g. an apply whose dry-run preview the apiserver refused (422 immutable, 409
+            # conflict): the gatekeeper never saw a result to decide on, and the replay cannot
+            # compute the one the apiserver would have stored.
+            report.skipped[_FAILED_UPSTREAM] += 1
+            continue
         report.decided[basis] += 1
         if after != record.decision and not _same_state_outcome(record, decision):
             report.changes.append(
@@ -156,6 +168,18 @@ def _decide(
     decision = engine.decide(plan, inputs.body, inputs.current, proposed)
     memory.remember(record, info)
     return decision, inputs.basis
+
+
+def _previewed(record: Record) -> bool:
+    """A patch the apiserver computes (apply, strategic merge): its result is not in the log
+    when the apiserver refused it."""
+    if record.verb != "patch":
+        return False
+    try:
+        info = parse_request(method_of(record.verb), record.request_uri)
+    except Refusal:
+        return False
+    return patch_type(record, record.request_object, info) in _PREVIEWED
 
 
 def _same_state_outcome(record: Record, decision: Decision) -> bool:

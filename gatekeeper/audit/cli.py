@@ -1,8 +1,10 @@
 """``dra-gatekeeper audit summarize|check|generate``: offline tools over audit logs.
 
 Exit codes: 0 done; 1 ``check`` found a request allowed before that the policy now refuses;
-2 bad input (flags, unreadable log or policy), with one line on stderr; 3 ``check`` could
-re-decide no request at all (every one skipped, or an empty log), unless ``--allow-empty``.
+2 bad input (flags, unreadable log or policy, a ``generate`` input without audit events), with
+one line on stderr; 3 ``check`` could re-decide no request at all (every one skipped, or an
+empty log), unless ``--allow-empty``, or ``generate`` found no traffic a policy can allow
+(nothing is written).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from gatekeeper.audit.generate import generate_policy
 from gatekeeper.audit.reader import ReadStats, Record, iter_events, iter_records, parse_driver_users
 from gatekeeper.audit.summarize import format_table, summarize, summary_json
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import load_policy
+from gatekeeper.policy import load_policy, parse_policy
 from gatekeeper.usage import UsageParser
 
 __all__ = ["EXIT_EMPTY", "run_audit_command"]
@@ -119,8 +121,15 @@ def _summarize(logs: list[str], users: dict[str, str], output: str) -> int:
     return 0
 
 
-def _records(logs: list[str], users: dict[str, str], node: str | None) -> Iterator[Record]:
-    for record in iter_records(logs, users):
+def _notes(text: str) -> str:
+    notes = [line for line in text.splitlines() if line.startswith("# NOT ALLOWED")]
+    return "\n".join(notes) or "# (none: no driver request was allowed)"
+
+
+def _records(
+    logs: list[str], users: dict[str, str], node: str | None, stats: ReadStats | None = None
+) -> Iterator[Record]:
+    for record in iter_records(logs, users, stats):
         if not record.node and node:
             record = dataclasses.replace(record, node=node)
         yield record
@@ -146,7 +155,25 @@ def _check(ns: argparse.Namespace, users: dict[str, str]) -> int:
 
 def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:
     base = load_policy(ns.base)
-    text = generate_policy(_records(ns.logs, users, ns.node_name), base, source=", ".join(ns.logs))
+    source = ", ".join(ns.logs)
+    stats = ReadStats()
+    text = generate_policy(_records(ns.logs, users, ns.node_name, stats), base, source=source)
+    if not stats.events:
+        where = f" (first at {stats.first_malformed})" if stats.first_malformed else ""
+        raise ConfigError(
+            f"{source}: no audit.k8s.io/v1 events in {stats.lines} lines, "
+            f"{stats.malformed} not events{where}: not an audit log"
+        )
+    try:
+        parse_policy(text, "the generated policy")
+    except ConfigError as exc:
+        # Never write a policy that does not load: serve would refuse it at start.
+        print(
+            f"{_PROG} generate: no policy written: {source} has no allowed request of a driver "
+            f"that a policy can allow ({exc}); see the NOT ALLOWED lines:\n{_notes(text)}",
+            file=sys.stderr,
+        )
+        return EXIT_EMPTY
     if ns.output == "-":
         sys.stdout.write(text)
         return 0

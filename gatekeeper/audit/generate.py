@@ -125,7 +125,11 @@ def _kind_doc(entry: _Seen, base: KindSpec | None) -> tuple[dict[str, Any] | Non
     missing: list[str] = []
     for version in sorted(entry.versions):
         spec = base.versions.get(version) if base else None
-        version_doc = _version_doc(spec) if spec else _inferred(entry.objects.get(version, []))
+        version_doc = (
+            _version_doc(spec, base.rule)
+            if base and spec
+            else _inferred(entry.objects.get(version, []))
+        )
         if version_doc is None:
             missing.append(version)
         else:
@@ -179,15 +183,27 @@ def _scope(entry: _Seen) -> Scope:
     return Scope.NAMESPACED if entry.namespaced else Scope.CLUSTER
 
 
-def _version_doc(spec: VersionSpec) -> dict[str, Any]:
+def _version_doc(spec: VersionSpec, rule: KindRule) -> dict[str, Any]:
+    """A base policy's version, every key it sets kept (the paths, selectors, forbidden and
+    immutable fields; a claim's opaque and time paths): generating must not change how the
+    allowed requests are decided."""
+    if rule is KindRule.OWN_NODE:
+        return {}  # the object is this node's Node: nothing to locate
     if spec.allocation is not None:
         return _allocation_doc(spec.allocation)
     doc: dict[str, Any] = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
     defaults = {fld: ".".join(spec.paths[fld]) for fld in (Field.DRIVER, Field.NODE)}
-    if any(spec.selectors[fld] != defaults[fld] for fld in defaults):
+    pool = spec.selectors.get(Field.POOL)
+    if any(spec.selectors[fld] != defaults[fld] for fld in defaults) or (
+        pool is not None and pool != "metadata.name"
+    ):
         doc["fieldSelectors"] = {fld.value: spec.selectors[fld] for fld in defaults}
+        if pool is not None and pool != "metadata.name":
+            doc["fieldSelectors"]["pool"] = pool
     if spec.forbidden:
         doc["forbidden"] = [".".join(path) for path in spec.forbidden]
+    if spec.immutable:
+        doc["immutable"] = [fld.value for fld in Field if fld in spec.immutable]
     return doc
 
 

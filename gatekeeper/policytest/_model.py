@@ -222,6 +222,15 @@ def load_test_file(path: str) -> TestFile:
     except YamlError as exc:
         raise MalformedTest(path, exc.line, exc.message) from exc
     check = _Checker(path)
+    if isinstance(doc, LineDict) and doc.get("kind") == "Policy" and "kinds" in doc:
+        # Given a policy where a test file was expected (``test policies/default.yaml``).
+        raise check.fail(
+            doc.key_line("kind"),
+            "kind",
+            "this is a policy (kind: Policy), not a test file: a test file names it with "
+            "`policy: <file>` and lists `cases` (README, Policy tests; e.g. "
+            "policies/default_test.yaml)",
+        )
     top = check.mapping(doc, "", 1, _FILE_KEYS)
     for key in ("policy", "node", "cases"):
         if key not in top:

@@ -11,6 +11,7 @@ from gatekeeper.testing._kinds import ServedKind, qualified_kind, qualified_reso
 from gatekeeper.types import KubeObject
 
 __all__ = [
+    "PROTOBUF",
     "APIError",
     "already_exists",
     "bad_request",
@@ -22,6 +23,7 @@ __all__ = [
     "not_found",
     "path_not_found",
     "render_value",
+    "unknown_body_format",
     "unsupported_media_type",
 ]
 
@@ -122,6 +124,22 @@ def gone(message: str, continue_token: str | None = None) -> APIError:
 def unsupported_media_type(message: str = "415: Unsupported Media Type") -> APIError:
     """415 with the apiserver's generic message and empty details (recording 58)."""
     return _with_details(415, message, {})
+
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+
+def unknown_body_format(kind: ServedKind, media_type: str) -> APIError:
+    """415 for a body the embedded server does not read, in the apiserver's words (recording 226,
+    no details). The list is what a real apiserver accepts for the kind (protobuf too for a
+    built-in kind, never for a custom resource), except that a protobuf body is answered as a
+    server without a protobuf decoder answers: the embedded server does not decode protobuf,
+    so it must not claim to, and a client that reads the list falls back to JSON."""
+    accepted = ["application/json", "application/yaml"]
+    if not kind.custom and media_type != PROTOBUF:
+        accepted.append(PROTOBUF)
+    message = "the body of the request was in an unknown format - accepted media types include: "
+    return APIError(status_body(415, message + ", ".join(accepted)))
 
 
 def generic_invalid() -> APIError:

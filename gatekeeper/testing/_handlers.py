@@ -20,7 +20,7 @@ from gatekeeper.testing._errors import (
     already_exists,
     bad_request,
     not_found,
-    unsupported_media_type,
+    unknown_body_format,
 )
 from gatekeeper.testing._json import deep, dumps
 from gatekeeper.testing._list import list_objects, parse_list_options
@@ -103,24 +103,29 @@ def _reply(call: Call, obj: KubeObject, status: int = 200) -> web.Response:
     return json_response(render_object(call.target.kind, call.target.version, obj, neg), status)
 
 
-def _decode_body(call: Call) -> KubeObject:
+def _body_media_type(call: Call) -> str:
+    """The body's media type; 415 for one the embedded server does not read (protobuf, CBOR:
+    it decodes JSON and YAML only, as the recordings' third session shows a real one refuse
+    CBOR, and a custom resource never accepts protobuf)."""
     content_type = call.request.headers.get("Content-Type", "application/json")
     media = content_type.split(";", 1)[0].strip().lower()
+    if media not in ("application/json", "", "application/yaml"):
+        raise unknown_body_format(call.target.kind, media)
+    return media
+
+
+def _decode_body(call: Call) -> KubeObject:
+    media = _body_media_type(call)
     kind = call.target.kind
     if media in ("application/json", ""):
         obj = decode_object(call.body, kind)
-    elif media == "application/yaml":
+    else:
         try:
             obj = yaml.safe_load(call.body.decode("utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise bad_request(f"error decoding YAML: {exc}") from None
         if not isinstance(obj, dict):
             raise bad_request("error decoding YAML: the object must be a mapping")
-    else:
-        raise unsupported_media_type(
-            "the body of the request was in an unknown format - accepted media types include: "
-            "application/json, application/yaml"
-        )
     check_type_meta(obj, kind, call.target.version)
     check_numbers(kind, obj)
     return obj
@@ -317,6 +322,8 @@ async def _patch(call: Call) -> web.Response:
 
 
 async def _delete(call: Call) -> web.Response:
+    if call.body.strip():
+        _body_media_type(call)
     options = parse_delete_options(call.body, call.request.query)
     target = call.target
     stored = call.store.get(target.resource_key, call.key())
@@ -330,6 +337,8 @@ async def _delete(call: Call) -> web.Response:
 async def _delete_collection(call: Call) -> web.Response:
     target = call.target
     opts = parse_list_options(call.query, target.kind, target.version)
+    if call.body.strip():
+        _body_media_type(call)
     options = parse_delete_options(call.body, call.request.query)
     items, meta = await list_objects(call.store, target, opts, rv_wait=call.rv_wait)
     for item in items:

@@ -24,6 +24,8 @@ class ServedKind:
     ``selectable_fields`` maps a version to ``{field-selector key: dotted JSON path}``;
     ``metadata.name`` (and ``metadata.namespace`` for namespaced kinds) always work.
     ``immutable_fields`` maps a version to dotted paths an update or patch may not change.
+    ``custom`` marks a custom resource (a CRD's kind): a real apiserver reads its bodies as
+    JSON or YAML only, never protobuf, and says so in its 415.
     """
 
     group: str
@@ -36,6 +38,7 @@ class ServedKind:
     subresources: tuple[str, ...] = ()
     singular: str = ""
     short_names: tuple[str, ...] = ()
+    custom: bool = False
 
     def __post_init__(self) -> None:
         if not self.versions:

@@ -201,6 +201,10 @@ def render_list(
             "metadata": list_meta,
             "items": [_partial(obj, negotiated.meta_version) for obj in objs],
         }
+    if kind.custom:
+        # A custom resource's list is unstructured JSON, whose list metadata always carries
+        # "continue" (empty on the last page; recording 225).
+        list_meta = {"continue": "", **list_meta}
     return {
         "kind": f"{kind.kind}List",
         "apiVersion": kind.group_version(version),

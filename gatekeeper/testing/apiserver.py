@@ -1,8 +1,8 @@
 """The embedded API server: an in-memory kube-apiserver stand-in speaking HTTP(S) on loopback.
 
 Generic over a list of :class:`ServedKind`; faithful to recordings of a real kube-apiserver
-1.36 (``../shared/recordings``). Deliberate differences are documented in the modules that
-implement them (``_objects``, ``_patch``, ``_watch``, ``_render``, ``_negotiate``,
+1.36 (``tests/recordings`` in the repository). Deliberate differences are documented in the
+modules that implement them (``_objects``, ``_patch``, ``_watch``, ``_render``, ``_negotiate``,
 ``_discovery``); the notable ones: no authorization (a valid token or client certificate
 may do anything), no anonymous access (401, where the apiserver would answer 403), JSON
 only, simplified managedFields (``_managed``), little per-kind validation (``_typed``), no

@@ -15,7 +15,7 @@ from gatekeeper.audit.cli import EXIT_EMPTY, run_audit_command
 from gatekeeper.policy import load_policy
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import GPU, NIC, Audited
-from tests.audit.logs import SA_GPU, SA_NIC, record_run, write_apiserver_log
+from tests.audit.logs import SA_GPU, SA_NIC, apiserver_event, record_run, write_apiserver_log
 
 DEFAULT = str(Path(__file__).parents[2] / "gatekeeper" / "policies" / "default.yaml")
 
@@ -228,3 +228,60 @@ def test_bad_input_exits_2_with_one_line(
     code, _, err = run(capsys, *args)
     assert code == 2
     assert message in err and err.count("\n") == 1
+
+
+def test_generate_on_a_file_that_is_not_an_audit_log_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "not-audit.log"
+    log.write_text('hello\n{"kind": "Something"}\n')
+    out_path = tmp_path / "generated.yaml"
+    code, out, err = run(capsys, "generate", "-o", str(out_path), str(log))
+    assert (code, out) == (2, "") and not out_path.exists()
+    assert err == (
+        f"dra-gatekeeper audit: {log}: no audit.k8s.io/v1 events in 2 lines, 2 not events "
+        f"(first at {log}: line 1): not an audit log\n"
+    )
+
+
+def test_generate_without_allowed_driver_requests_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "kube-audit.log"
+    log.write_text(json.dumps(apiserver_event("get", "/apis", SA_GPU)) + "\n")
+    out_path = tmp_path / "generated.yaml"
+    code, out, err = run(capsys, "generate", "-o", str(out_path), str(log))  # SA_GPU not mapped
+    assert (code, out) == (EXIT_EMPTY, "") and not out_path.exists()
+    assert "no policy written" in err and "has no allowed request of a driver" in err
+
+
+def test_generate_keeps_own_node_immutable_and_pool_separators(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GET the DRA slice publisher makes (its own Node) once crashed generate (KeyError)."""
+    base = str(Path(DEFAULT).parents[2] / "policies" / "node-dash.yaml")
+    users = ["--driver-user", f"{SA_GPU}={GPU}"]
+    slice_object = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu"},
+        "spec": {"driver": GPU, "nodeName": "node-a", "pool": {"name": "node-a-gpus"}},
+    }
+    log = tmp_path / "kube-audit.log"
+    events = [
+        apiserver_event("get", "/api/v1/nodes/node-a", SA_GPU, index=1),
+        apiserver_event("create", "/apis/resource.k8s.io/v1/resourceslices", SA_GPU, code=201,
+                        request_object=slice_object, index=2),
+    ]  # fmt: skip
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out_path = tmp_path / "generated.yaml"
+    code, _, err = run(capsys, "generate", "--base", base, *users, "-o", str(out_path), str(log))
+    assert code == 0, err
+    policy = load_policy(str(out_path))
+    nodes = policy.kind_for("", "nodes")
+    assert nodes is not None and nodes.rule.value == "OwnNode" and set(nodes.versions) == {"v1"}
+    slices = policy.kind_for("resource.k8s.io", "resourceslices")
+    assert slices is not None and slices.pool_separators == ("/", "-")
+    assert {f.value for f in slices.versions["v1"].immutable} == {"driver", "node", "pool"}
+    code, out, _ = run(capsys, "check", "--policy", str(out_path), *users, str(log))
+    assert code == 0 and "0 changed" in out, out

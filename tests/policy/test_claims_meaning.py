@@ -5,11 +5,10 @@ re-send of a claim it read passes."""
 from __future__ import annotations
 
 import copy
-import glob
 import json
-from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 
 from gatekeeper.identity import Identity
@@ -18,8 +17,8 @@ from gatekeeper.policy.claims import first_difference, same_instant, status_chan
 from gatekeeper.policy.patching import MERGE_PATCH
 from gatekeeper.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
+from tests.recorded import recording
 
-RECORDINGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "recordings"
 POLICY = load_policy(None)
 CLAIM_PATHS = POLICY.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation
 assert CLAIM_PATHS is not None
@@ -226,20 +225,9 @@ def test_exact_comparison_without_opaque_paths() -> None:
     assert first_difference({"n": 1}, {"n": True}) == "n"
 
 
-def _recording(number: int) -> dict[str, Any]:
-    (path,) = glob.glob(str(RECORDINGS / f"{number}-*.json"))
-    return json.loads(Path(path).read_text())
-
-
-needs_recordings = pytest.mark.skipif(
-    not glob.glob(str(RECORDINGS / "187-*.json")), reason="recordings 148-205 not present"
-)
-
-
 def python_client_resend(obj: dict[str, Any]) -> dict[str, Any]:
     """What the official Python client sends when it re-sends ``obj`` it read: deserialized
     into its model and serialized back by its own ApiClient (no hand-written differences)."""
-    kubernetes = pytest.importorskip("kubernetes")
     client = kubernetes.client.ApiClient()
     model = client.deserialize(json.dumps(obj), "ResourceV1ResourceClaim", "application/json")
     sent = client.sanitize_for_serialization(model)
@@ -247,18 +235,16 @@ def python_client_resend(obj: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
-@needs_recordings
 @pytest.mark.parametrize("number", [181, 183, 187])
 def test_the_python_clients_resend_changes_nothing(number: int) -> None:
-    stored = _recording(number)["response_body"]
+    stored = recording(number)["response_body"]
     sent = python_client_resend(stored)
     assert sent != stored, "the client re-spells what it read (times, nulls)"
     assert status_change_violation(CLAIM_PATHS, stored, sent, GPU.driver) is None
 
 
-@needs_recordings
 def test_the_python_clients_read_modify_write_of_its_own_entry_is_allowed() -> None:
-    stored = _recording(187)["response_body"]
+    stored = recording(187)["response_body"]
     sent = python_client_resend(stored)
     gpu = next(e for e in sent["status"]["devices"] if e["driver"] == GPU.driver)
     gpu["data"] = {"uuid": "GPU-0000", "temperature": 40}
@@ -271,12 +257,11 @@ def test_the_python_clients_read_modify_write_of_its_own_entry_is_allowed() -> N
     assert "status.devices[0].conditions[0].lastTransitionTime differs" in decision.message
 
 
-@needs_recordings
 def test_a_merge_patch_echoing_a_null_is_refused_like_the_put() -> None:
     """Recording 181 holds the nic entry with data {"vlan": null, "mtu": 9000}. Echoing it in
     a PUT keeps it (allowed); echoing it in a merge patch stores {"mtu": 9000} (182-183), a
     change to another driver's entry (refused)."""
-    stored = _recording(181)["response_body"]
+    stored = recording(181)["response_body"]
     nic = copy.deepcopy(stored["status"]["devices"][0])
     assert nic["data"] == {"vlan": None, "mtu": 9000}
     own = {"driver": GPU.driver, "pool": "node-a", "device": "gpu-0", "data": {"uuid": "G"}}

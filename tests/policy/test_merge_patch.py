@@ -4,9 +4,6 @@ v4 ``MergePatch``): a table of cases from the library's rules, and the recorded 
 from __future__ import annotations
 
 import copy
-import glob
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +15,7 @@ from gatekeeper.policy.patching import (
     merge_patch,
     patched_object,
 )
-
-RECORDINGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "recordings"
+from tests.recorded import recording
 
 # (id, stored, patch, expected)
 CASES: list[tuple[str, Any, Any, Any]] = [
@@ -147,21 +143,10 @@ def test_rfc7386_would_keep_the_null_the_apiserver_drops() -> None:
     assert merge_patch(stored, patch)["status"]["devices"] == [{"data": {"mtu": 9000}}]
 
 
-def _recording(number: int) -> dict[str, Any]:
-    (path,) = glob.glob(str(RECORDINGS / f"{number}-*.json"))
-    return json.loads(Path(path).read_text())
-
-
-needs_recordings = pytest.mark.skipif(
-    not glob.glob(str(RECORDINGS / "182-*.json")), reason="recordings 148-205 not present"
-)
-
-
-@needs_recordings
 def test_recorded_claim_status_merge_patch_182() -> None:
-    stored = _recording(181)["response_body"]
-    patch = _recording(182)["request_body"]
-    served = _recording(183)["response_body"]
+    stored = recording(181)["response_body"]
+    patch = recording(182)["request_body"]
+    served = recording(183)["response_body"]
     result = patched_object(MERGE_PATCH, stored, patch)
     # The apiserver's typed encoding adds "conditions": null to entries without conditions;
     # everything the merge decides (which keys stay, which nulls go) must match.
@@ -174,10 +159,9 @@ def test_recorded_claim_status_merge_patch_182() -> None:
     assert result["status"]["allocation"] == served["status"]["allocation"]
 
 
-@needs_recordings
 def test_recorded_slice_merge_patch_184() -> None:
-    stored = _recording(161)["response_body"]
+    stored = recording(161)["response_body"]
     assert stored["metadata"]["name"] == "rec2-dc-1"
-    patch = _recording(184)["request_body"]
-    served = _recording(185)["response_body"]
+    patch = recording(184)["request_body"]
+    served = recording(185)["response_body"]
     assert patched_object(MERGE_PATCH, stored, patch)["spec"] == served["spec"]

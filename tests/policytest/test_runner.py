@@ -302,3 +302,15 @@ def test_the_standalone_entry_point_runs_the_same(
     assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 1 failed"
     assert run_test_command(["--frobnicate"]) == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_a_policy_given_as_a_test_file_is_named_a_policy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    policy = str(Path(__file__).parents[2] / "policies" / "default.yaml")
+    code, out, err = run(capsys, policy)
+    assert code == 2 and not any(line.endswith("failed") for line in out)
+    assert err.startswith(
+        f"dra-gatekeeper test: {policy}:6: kind: this is a policy (kind: Policy), not a test file"
+    ), err
+    assert "unknown key" not in err

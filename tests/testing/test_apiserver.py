@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import os
-import shutil
 import ssl
 import subprocess
 from pathlib import Path
@@ -845,7 +844,7 @@ async def test_direct_seeding_and_context_manager() -> None:
 # --- kubectl -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.kubectl
 async def test_kubectl_smoke(tls_files: TLSFiles, tmp_path: Path) -> None:
     # kubectl sends bearer tokens only over HTTPS, so this runs with TLS.
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
