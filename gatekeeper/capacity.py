@@ -82,6 +82,8 @@ class ConnectionGuard:
         sockname = transport.get_extra_info("sockname")
         if isinstance(sockname, str) and sockname:
             return "unix", self.gatekeeper.socket_drivers.get(sockname)
+        if isinstance(sockname, tuple) and sockname[1] in self.gatekeeper.token_ports:
+            return "token", None  # whose it is shows in its first request's token
         common_name = client_cert_common_name(transport.get_extra_info("peercert"))
         if common_name and self.gatekeeper.engine.policy.allows_driver(common_name):
             return "mtls", common_name

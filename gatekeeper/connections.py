@@ -83,6 +83,21 @@ class _GuardedHandler(RequestHandler):
         self.ticket = ticket
         super().connection_made(transport)
 
+    def attribute(self, driver: str) -> str | None:
+        """A token listener's connection, once a request showed whose it is: counted as that
+        driver's from now on (None), or the reason it is refused, over the driver's caps (the
+        connection then closes after this answer). Counted once: a later request with another
+        driver's token is identified as that driver, the connection stays counted as the first.
+        """
+        ticket = self.ticket
+        if ticket is None or ticket.caller != UNAUTHENTICATED:
+            return None
+        why = self.guard.attribute(ticket, driver)
+        if why:
+            self.ticket = None
+            self.force_close()
+        return why
+
     def _refuse(self, transport: asyncio.BaseTransport, caller: str, why: str) -> None:
         """Answer 429 before reading anything, audit it, and close after a moment."""
         flow = self.guard.flow("", caller)

@@ -37,7 +37,7 @@ from gatekeeper.headers import (
     response_headers,
     screen_request,
 )
-from gatekeeper.identity import identify
+from gatekeeper.identity import Identity, bearer_token, identify, token_identity
 from gatekeeper.limits import DriverBudgets
 from gatekeeper.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.policy import Decision, Engine
@@ -47,6 +47,7 @@ from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.scoped import DROPPED_ANNOTATION, WatchFilter
 from gatekeeper.status import status_body
+from gatekeeper.tokenreview import TokenReviewer
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamResponse
 
@@ -57,6 +58,7 @@ __all__ = [
     "decide",
     "forward",
     "handle",
+    "identify_request",
     "plan_request",
     "read_body",
 ]
@@ -79,6 +81,10 @@ class Gatekeeper:
     socket_drivers: dict[str, str] = field(default_factory=dict)
     budgets: DriverBudgets = field(default_factory=DriverBudgets)
     """Per-driver in-flight and watch budgets (and the limits they come from)."""
+    tokens: TokenReviewer | None = None
+    """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
+    token_ports: set[int] = field(default_factory=set)
+    """Local ports of the token listener: a connection to one shows a token, not a cert."""
 
     @property
     def node_name(self) -> str:
@@ -120,7 +126,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         client_audit_id=client_audit_id(request.headers),
     )
     try:
-        flow.identity = identify(request.transport, gk.socket_drivers)
+        flow.identity = await identify_request(request, gk)
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
         if not getattr(gk.audit, "writable", True):
@@ -179,6 +185,24 @@ async def handle(request: web.Request) -> web.StreamResponse:
             # Cancelled: the driver went away (or the server is stopping) mid-request.
             flow.finish(499, "client disconnected")
         await gk.audit.emit(build_event(flow, gk.audit_level))
+
+
+async def identify_request(request: web.Request, gk: Gatekeeper) -> Identity:
+    """Who is calling: the socket directory, the verified client certificate, or on the token
+    listener the service account of the bearer token (reviewed, cached), whose connection is
+    then counted as that driver's (README, "Limits")."""
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    if gk.tokens is None or not isinstance(sockname, tuple) or sockname[1] not in gk.token_ports:
+        return identify(transport, gk.socket_drivers)
+    outcome = await gk.tokens.review(bearer_token(request.headers))
+    identity = token_identity(outcome, gk.engine.policy, gk.node_name)
+    # The connection's protocol (connections.py) moves it from the listener's unauthenticated
+    # bucket to the driver's count; looked up, not imported: connections.py builds on this.
+    attribute = getattr(request.protocol, "attribute", None)
+    if attribute is not None and (why := attribute(identity.driver)):
+        raise Refusal(429, "too many connections", f"too many connections: {why}", retry_after=1)
+    return identity
 
 
 def plan_request(gk: Gatekeeper, flow: Flow, accept: str = "") -> Plan | Decision:

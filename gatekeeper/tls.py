@@ -45,19 +45,27 @@ def file_identity(path: str) -> tuple[int, int, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
-    """The files of the mTLS listener: serving certificate and key, and the client CA."""
+    """The files of a TLS listener: serving certificate and key, and the client CA (mTLS);
+    without one, no client certificate is asked for (the token listener)."""
 
     cert_file: str
     key_file: str
-    client_ca_file: str
+    client_ca_file: str | None = None
 
     def identity(self) -> tuple[object, ...]:
-        return tuple(file_identity(p) for p in (self.cert_file, self.key_file, self.client_ca_file))
+        files = (self.cert_file, self.key_file, self.client_ca_file)
+        return tuple(file_identity(p) for p in files if p is not None)
 
 
 def _build_context(files: TLSFiles) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if files.client_ca_file is None:
+        # The token listener: the driver is its bearer token's (TokenReview), not a
+        # certificate's; rest.InClusterConfig() presents none.
+        context.verify_mode = ssl.CERT_NONE
+        _load_pair(context, files.cert_file, files.key_file)
+        return context
     # SECURITY: README "Limits" — the certificate is required and verified at the handshake:
     # a process without a credential gets no HTTP connection at all, so it can hold nothing
     # but a handshake in the listener's small unauthenticated bucket (the driver without a
