@@ -49,9 +49,10 @@ class _Parser(UsageParser):
 
 _SERVE_DESCRIPTION = (
     "Run the gatekeeper on this node. Required: --node-name (or env NODE_NAME) and at least one "
-    "listener: --socket-dir DIR, or --listen HOST:PORT with --tls-cert-file, --tls-key-file and "
-    "--client-ca-file. Every flag and file is checked before anything listens (exit 2 with one "
-    "line on a problem)."
+    "listener: --listen-token HOST:PORT (drivers keep their service-account token and "
+    "in-cluster config) with --tls-cert-file and --tls-key-file; --socket-dir DIR; or --listen "
+    "HOST:PORT with --tls-cert-file, --tls-key-file and --client-ca-file. Every flag and file "
+    "is checked before anything listens (exit 2 with one line on a problem)."
 )
 _Group = argparse._ArgumentGroup
 
@@ -101,8 +102,30 @@ def _add_source_arguments(serve: _Group) -> None:
 
 
 def _add_tls_arguments(serve: _Group) -> None:
-    """The listeners: driver sockets, and mTLS with its files."""
+    """The listeners: service-account tokens, driver sockets, and mTLS, with their files."""
     add = serve.add_argument
+    add(
+        "--listen-token",
+        metavar="HOST:PORT",
+        help="the token listener (TLS): driver = the service account of its bearer token, by "
+        "TokenReview, mapped under serviceAccounts in the policy (default: none)",
+    )
+    add(
+        "--token-audience",
+        action="append",
+        default=[],
+        metavar="AUDIENCE",
+        help="review tokens for this audience (repeatable; default: the apiserver's own, "
+        "which in-cluster tokens carry)",
+    )
+    add(
+        "--token-cache-ttl",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="reuse a positive TokenReview this long at most, never past the token's expiry "
+        "(default: 10; at most 60)",
+    )
     add(
         "--socket-dir",
         metavar="DIR",
@@ -122,12 +145,14 @@ def _add_tls_arguments(serve: _Group) -> None:
     add(
         "--tls-cert-file",
         metavar="FILE",
-        help="the mTLS listener's serving certificate (PEM), reloaded; required with --listen",
+        help="the TLS listeners' serving certificate (PEM), reloaded; required with --listen "
+        "and --listen-token",
     )
     add(
         "--tls-key-file",
         metavar="FILE",
-        help="the serving certificate's private key (PEM), reloaded; required with --listen",
+        help="the serving certificate's private key (PEM), reloaded; required with --listen "
+        "and --listen-token",
     )
     add(
         "--client-ca-file",
@@ -243,6 +268,9 @@ def _serve(ns: argparse.Namespace) -> int:
         tls_cert_file=ns.tls_cert_file,
         tls_key_file=ns.tls_key_file,
         client_ca_file=ns.client_ca_file,
+        listen_token=ns.listen_token,
+        token_audiences=ns.token_audience,
+        token_cache_ttl=ns.token_cache_ttl,
         audit_log=ns.audit_log,
         audit_level=ns.audit_level,
         audit_max_size_mb=ns.audit_log_maxsize,

@@ -33,6 +33,7 @@ __all__ = [
     "parse_host_port",
     "parse_node_labels",
     "server_ssl_context",
+    "token_ssl_context",
 ]
 
 _DAY = 86400.0
@@ -69,6 +70,13 @@ class ServeConfig:
     listen_tls: ServerTLS | None = None
     listen_flag: str = "--listen"
     """How the user named ``listen``, for messages (``demo`` takes it as ``--port``)."""
+    listen_token: tuple[str, int] | None = None
+    """The token listener: drivers identified by their service-account token (TokenReview)."""
+    token_tls: ServerTLS | None = None
+    token_audiences: tuple[str, ...] = ()
+    """Audiences the TokenReview asks for; none: the apiserver's own (in-cluster tokens')."""
+    token_cache_ttl: float = 10.0
+    """Seconds a positive TokenReview is reused at most (never past the token's exp)."""
     health_listen: tuple[str, int] | None = None
     audit: AuditSettings = AuditSettings()
     shutdown_grace: float = 30.0
@@ -87,16 +95,23 @@ class ServeConfig:
     upstream_ssl: ssl.SSLContext | None = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.socket_dir is None and self.listen is None:
-            raise ConfigError(
-                "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
-            )
+        if self.socket_dir is None and self.listen is None and self.listen_token is None:
+            raise ConfigError(_NO_LISTENER)
         if self.listen is not None and self.listen_tls is None:
             raise ConfigError(
                 "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
             )
+        if self.listen_token is not None and self.token_tls is None:
+            raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
         object.__setattr__(self, "tokens", TokenSource(self.upstream))
         object.__setattr__(self, "upstream_ssl", build_ssl_context(self.upstream))
+
+
+_NO_LISTENER = (
+    "at least one listener is required: --socket-dir DIR, --listen HOST:PORT (mTLS) or "
+    "--listen-token HOST:PORT (service-account tokens)"
+)
+_MAX_TOKEN_CACHE = 60.0
 
 
 def build_serve_config(
@@ -112,6 +127,9 @@ def build_serve_config(
     tls_cert_file: str | None,
     tls_key_file: str | None,
     client_ca_file: str | None,
+    listen_token: str | None = None,
+    token_audiences: Sequence[str] = (),
+    token_cache_ttl: float = 10.0,
     audit_log: str | None = None,
     audit_level: str | None = None,
     audit_max_size_mb: int = 0,
@@ -127,7 +145,12 @@ def build_serve_config(
     node = _check_node_and_drivers(node_name or environ.get("NODE_NAME", ""), drivers)
     extra = frozenset(drivers)
     policy = load_serve_policy(policy_path, extra)
-    _check_listeners(socket_dir, listen, policy)
+    _check_listeners(socket_dir, listen, listen_token, policy)
+    if not 0 <= token_cache_ttl <= _MAX_TOKEN_CACHE:
+        raise ConfigError(
+            f"--token-cache-ttl must be between 0 and {_MAX_TOKEN_CACHE:g} seconds (a deleted "
+            "pod's token must stop working soon)"
+        )
     audit = _audit_settings(audit_log, audit_level, audit_max_size_mb, audit_max_backups)
     if shutdown_grace < 0:
         raise ConfigError("--shutdown-grace-period must not be negative")
@@ -145,6 +168,14 @@ def build_serve_config(
             if listen is not None
             else None
         ),
+        listen_token=(
+            parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
+        ),
+        token_tls=(
+            token_ssl_context(tls_cert_file, tls_key_file) if listen_token is not None else None
+        ),
+        token_audiences=tuple(token_audiences),
+        token_cache_ttl=token_cache_ttl,
         audit=audit,
         health_listen=(
             parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
@@ -167,13 +198,18 @@ def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:
     return node
 
 
-def _check_listeners(socket_dir: str | None, listen: str | None, policy: Policy) -> None:
-    if socket_dir is None and listen is None:
-        raise ConfigError(
-            "at least one listener is required: --socket-dir DIR or --listen HOST:PORT"
-        )
+def _check_listeners(
+    socket_dir: str | None, listen: str | None, listen_token: str | None, policy: Policy
+) -> None:
+    if socket_dir is None and listen is None and listen_token is None:
+        raise ConfigError(_NO_LISTENER)
     if socket_dir is not None and ANY_DRIVER in policy.drivers:
         raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
+    if listen_token is not None and not policy.service_accounts:
+        raise ConfigError(
+            f"--listen-token: {policy.source} maps no service account to a driver: list them "
+            "under serviceAccounts: (driver: [namespace/name, ...])"
+        )
 
 
 def _audit_settings(
@@ -265,6 +301,13 @@ def parse_host_port(value: str, flag: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{flag} {value!r} must be HOST:PORT (e.g. 127.0.0.1:8443)")
     return host, int(port)
+
+
+def token_ssl_context(cert_file: str | None, key_file: str | None) -> ServerTLS:
+    """The token listener's context: TLS with the serving pair, no client certificate."""
+    if not (cert_file and key_file):
+        raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
+    return ServerTLS.load(TLSFiles(cert_file, key_file))
 
 
 def server_ssl_context(

@@ -3,7 +3,13 @@
 :class:`GuardedRunner` is the aiohttp ``AppRunner`` the server uses. Its connections
 (``RequestHandler`` subclass, the one hook aiohttp has for this) enforce:
 
-- a cap on open connections per driver and in total (over it: a 429 Status, then close);
+- caps on open connections, kept per listener kind (Unix sockets, mTLS) so that no listener
+  takes another's capacity: per driver and in total; over them a 429 Status, then close;
+- a small bucket per listener for connections that are not (yet) a driver's: TLS handshakes in
+  progress (counted from accept by :mod:`gatekeeper.tlsgate`) and certificates naming no
+  driver. It never takes a driver's capacity; when it is full the oldest is closed. Its key
+  and a driver's are never a value the client chose (a source address, the CN of a
+  certificate that names no driver);
 - a header read timeout (slowloris: a request whose headers do not complete in time is
   closed), beside aiohttp's keep-alive idle timeout;
 - a Kubernetes Status with an Audit-Id, an audit event and a count for every request aiohttp
@@ -26,115 +32,71 @@ from aiohttp.web_server import Server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gatekeeper.audit import build_event
-from gatekeeper.filtering import DROPPED
-from gatekeeper.flow import Flow
+from gatekeeper.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
+from gatekeeper.metrics import UNKNOWN_DRIVER
 from gatekeeper.policy import Decision
-from gatekeeper.proxy import GATEKEEPER, Gatekeeper
+from gatekeeper.proxy import GATEKEEPER
+from gatekeeper.scoped import DROPPED
 from gatekeeper.status import status_body
 
-__all__ = ["CALLER_ANNOTATION", "ConnectionGuard", "GuardedRunner", "IsolationCollector"]
+__all__ = ["GuardedRunner", "IsolationCollector"]
 
 log = logging.getLogger("gatekeeper.connections")
 
-CALLER_ANNOTATION = "dra-gatekeeper.io/connection-caller"
-"""Audit annotation of answers given before a request was read: the driver (socket directory
-or certificate CN) or peer whose connection it was."""
 _LINGER = 1.0
 """Seconds a refused connection is kept half-closed so the client can read its 429."""
-
-
-class ConnectionGuard:
-    """Counts open connections per caller and refusals; shared by every listener."""
-
-    def __init__(self, gatekeeper: Gatekeeper, limits: Limits = DEFAULT_LIMITS) -> None:
-        self.gatekeeper = gatekeeper
-        self.limits = limits
-        self.open: Counter[str] = Counter()
-        self.total = 0
-        self.refused = Counter[str]()
-        """Connections closed at once as over a cap, per caller."""
-        self.malformed = 0
-        """Requests aiohttp refused before the handler (answered with a Status)."""
-        self.header_timeouts = 0
-        """Connections closed because a request's headers did not complete in time."""
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def caller(self, transport: Any) -> str:
-        """Who is on ``transport`` for counting: the driver, else the peer (never trusted)."""
-        sockname = transport.get_extra_info("sockname")
-        if isinstance(sockname, str) and sockname:
-            return self.gatekeeper.socket_drivers.get(sockname, f"socket:{sockname}")
-        cert = transport.get_extra_info("peercert")
-        for rdn in (cert or {}).get("subject", ()):
-            for key, value in rdn:
-                if key == "commonName":
-                    return str(value)
-        peer = transport.get_extra_info("peername")
-        return f"peer:{peer[0] if isinstance(peer, tuple) else peer}"
-
-    def admit(self, caller: str) -> str | None:
-        """Count a new connection of ``caller``; the reason to refuse it, or None."""
-        if self.total >= self.limits.connections_total:
-            why = f"the gatekeeper has {self.total} open connections, its limit"
-        elif self.open[caller] >= self.limits.connections_per_driver:
-            why = f'"{caller}" has {self.open[caller]} open connections, the most one driver may'
-        else:
-            self.total += 1
-            self.open[caller] += 1
-            return None
-        self.refused[caller] += 1
-        if self.refused[caller] == 1 or self.refused[caller] % 100 == 0:
-            log.warning("connection refused caller=%s refused=%d reason=%s", caller,
-                        self.refused[caller], why)  # fmt: skip
-        return why
-
-    def flow(self, method: str, caller: str) -> Flow:
-        """A Flow for an answer given before a request could be read (no identity yet: the
-        caller, as counted for connection caps, goes in an annotation)."""
-        flow = Flow(
-            method=method,
-            raw_target="",
-            source_ips=(),
-            user_agent="",
-            node_name=self.gatekeeper.node_name,
-        )
-        if caller:
-            flow.annotations[CALLER_ANNOTATION] = caller
-        return flow
-
-    def audit(self, flow: Flow) -> None:
-        """Emit ``flow``'s event from a synchronous protocol callback."""
-        event = build_event(flow, self.gatekeeper.audit_level)
-        task = asyncio.get_running_loop().create_task(self.gatekeeper.audit.emit(event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def release(self, caller: str) -> None:
-        self.total -= 1
-        self.open[caller] -= 1
-        if self.open[caller] <= 0:
-            del self.open[caller]
 
 
 class _GuardedHandler(RequestHandler):
     """aiohttp's connection protocol, with the guard's caps, header timeout and Status errors."""
 
     guard: ClassVar[ConnectionGuard]
-    _caller: str | None = None
+    ticket: Ticket | None = None
+    """How this connection is counted: set at accept by the TLS gate (unauthenticated), else
+    in :meth:`connection_made`; :meth:`ConnectionGuard.attribute` moves it to a driver."""
     _refused = False
     _refused_transport: asyncio.BaseTransport | None = None
     _header_timer: asyncio.TimerHandle | None = None
 
+    @property
+    def _caller(self) -> str | None:
+        return None if self.ticket is None else self.ticket.caller
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        caller = self.guard.caller(transport)
-        if (why := self.guard.admit(caller)) is not None:
+        listener, driver = self.guard.driver_of(transport)
+        ticket, why = self.ticket, ""
+        if ticket is not None:
+            ticket.close = transport.close  # the TLS connection now, not the raw one
+            if driver is not None:
+                why = self.guard.attribute(ticket, driver) or ""
+        elif driver is None:
+            ticket = self.guard.admit_unauthenticated(listener, transport.close)
+        else:
+            admitted = self.guard.admit(listener, driver, transport.close)
+            ticket, why = (None, admitted) if isinstance(admitted, str) else (admitted, "")
+        if why:
+            self.ticket = None
             self._refused = True
-            self._refuse(transport, caller, why)
+            self._refuse(transport, driver or UNAUTHENTICATED, why)
             return
-        self._caller = caller
+        self.ticket = ticket
         super().connection_made(transport)
+
+    def attribute(self, driver: str) -> str | None:
+        """A token listener's connection, once a request showed whose it is: counted as that
+        driver's from now on (None), or the reason it is refused, over the driver's caps (the
+        connection then closes after this answer). Counted once: a later request with another
+        driver's token is identified as that driver, the connection stays counted as the first.
+        """
+        ticket = self.ticket
+        if ticket is None or ticket.caller != UNAUTHENTICATED:
+            return None
+        why = self.guard.attribute(ticket, driver)
+        if why:
+            self.ticket = None
+            self.force_close()
+        return why
 
     def _refuse(self, transport: asyncio.BaseTransport, caller: str, why: str) -> None:
         """Answer 429 before reading anything, audit it, and close after a moment."""
@@ -161,9 +123,8 @@ class _GuardedHandler(RequestHandler):
         if self._refused:
             return  # never started: nothing of aiohttp's to tear down
         self._cancel_header_timer()
-        if self._caller is not None:
-            self.guard.release(self._caller)
-            self._caller = None
+        if self.ticket is not None:
+            self.guard.release(self.ticket)
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
@@ -171,7 +132,7 @@ class _GuardedHandler(RequestHandler):
             self._refused_transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self._caller is None:
+        if self._refused:
             return  # refused in connection_made: discarded
         before = self._request_count
         super().data_received(data)
@@ -256,7 +217,8 @@ class GuardedRunner(web.AppRunner):
 
 class IsolationCollector(Collector):
     """``/metrics`` for what no audit event counts: connections refused or cut, objects
-    dropped from filtered answers, open connections per caller."""
+    dropped from filtered answers, open connections per listener kind and caller (a driver,
+    or ``unauthenticated``: never a value the client chose, so the series stay bounded)."""
 
     def __init__(self, guard: ConnectionGuard) -> None:
         self._guard = guard
@@ -268,8 +230,9 @@ class IsolationCollector(Collector):
             known,
             CounterMetricFamily(
                 "dra_gatekeeper_connections_refused",
-                "Connections answered 429 and closed at once (over a connection cap), by caller.",
-                labels=["caller"],
+                "Connections closed at once as over a connection cap (a driver's: answered 429; "
+                "unauthenticated: the oldest closed), by listener kind and caller.",
+                labels=["listener", "caller"],
             ),
             guard.refused,
         )
@@ -298,8 +261,8 @@ class IsolationCollector(Collector):
             known,
             GaugeMetricFamily(
                 "dra_gatekeeper_connections_open",
-                "Open driver connections, by caller.",
-                labels=["caller"],
+                "Open connections, by listener kind and caller.",
+                labels=["listener", "caller"],
             ),
             guard.open,
         )
@@ -313,13 +276,14 @@ def _total(family: CounterMetricFamily, value: int) -> CounterMetricFamily:
 def _by_caller(
     known: Callable[[str], bool],
     family: CounterMetricFamily | GaugeMetricFamily,
-    counts: Counter[str],
+    counts: Counter[tuple[str, str]],
 ) -> CounterMetricFamily | GaugeMetricFamily:
-    # A label value is a driver the policy allows, else "unknown": a peer address or a
-    # certificate CN is the caller's to choose, and each new value would be a new series.
-    labelled: Counter[str] = Counter()
-    for caller, count in counts.items():
-        labelled[caller if known(caller) else "unknown"] += count
-    for caller, count in labelled.items():
-        family.add_metric([caller], float(count))
+    # A caller is a driver (or "unauthenticated") when counted; one the policy no longer
+    # allows (a reload removed it) is "unknown", like every label of a caller not allowed.
+    labelled: Counter[tuple[str, str]] = Counter()
+    for (listener, caller), count in counts.items():
+        label = caller if caller == UNAUTHENTICATED or known(caller) else UNKNOWN_DRIVER
+        labelled[(listener, label)] += count
+    for (listener, caller), count in labelled.items():
+        family.add_metric([listener, caller], float(count))
     return family

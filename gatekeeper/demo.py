@@ -17,18 +17,19 @@ import ssl
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.config import AuditSettings, ServeConfig, server_ssl_context
+from gatekeeper.config import AuditSettings, ServeConfig, server_ssl_context, token_ssl_context
 from gatekeeper.errors import ConfigError
 from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.server import GatekeeperServer, run_until_signal, socket_path
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.testing import TOKEN_KINDS, APIServer, resource_slice, served_kinds
 from gatekeeper.usage import UsageParser
 
 __all__ = ["CHANGE_EVERY_SECONDS", "DEMO_DRIVER", "DEMO_NODE", "command_name", "run_demo_command"]
@@ -39,6 +40,9 @@ CHANGE_EVERY_SECONDS = 10.0
 """How often the demo adds or removes its extra slice (what the printed watch shows)."""
 _PROG = "dra-gatekeeper demo"
 _SELECTOR = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
+_DEMO_SA = {"name": "gpu-driver", "namespace": "gpu-system"}
+"""The demo driver's ServiceAccount, mapped to it in the demo's policy (the token listener)."""
+_DEMO_POD = f"gpu-driver-{DEMO_NODE}"
 
 
 class _Parser(UsageParser):
@@ -113,7 +117,19 @@ def run_demo_command(args: Sequence[str]) -> int:
 
 
 def _embedded_api(policy: Policy) -> APIServer:
-    api = APIServer(served_kinds(policy), token=secrets.token_urlsafe(24))
+    api = APIServer((*served_kinds(policy), *TOKEN_KINDS), token=secrets.token_urlsafe(24))
+    # The driver's ServiceAccount and its pod on this node: a TokenRequest bound to that pod
+    # gives the token a driver reads from its service-account volume.
+    api.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": DEMO_NODE}})
+    api.add({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _DEMO_SA})
+    api.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": _DEMO_POD, "namespace": _DEMO_SA["namespace"]},
+            "spec": {"nodeName": DEMO_NODE, "serviceAccountName": _DEMO_SA["name"]},
+        }
+    )
     for name, driver, node in (
         ("demo-node-gpu.example.com-0", DEMO_DRIVER, DEMO_NODE),
         ("demo-node-nic.example.com-0", "nic.example.com", DEMO_NODE),
@@ -159,6 +175,8 @@ def _shown(path: str) -> str:
 
 async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
     policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
+    account = f"system:serviceaccount:{_DEMO_SA['namespace']}:{_DEMO_SA['name']}"
+    policy = replace(policy, service_accounts={account: DEMO_DRIVER})
     api = _embedded_api(policy)
     files = _write_pki(workdir, create_ca("dra-gatekeeper-demo-ca"))
     url = await api.start()
@@ -174,6 +192,8 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
             listen_tls=server_ssl_context(
                 files["server.crt"], files["server.key"], files["ca.crt"]
             ),
+            listen_token=("127.0.0.1", 0),
+            token_tls=token_ssl_context(files["server.crt"], files["server.key"]),
             audit=AuditSettings(path=str(workdir / "audit.log")),
             shutdown_grace=5.0,
         )
@@ -190,7 +210,15 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
                     "client-key": files[f"{DEMO_DRIVER}.key"],
                 },
             )
+            token = _write_service_account(workdir, api, files["ca.crt"])
+            token_kubeconfig = _write_kubeconfig(
+                workdir / "token.kubeconfig",
+                f"https://127.0.0.1:{server.token_port}",
+                {"certificate-authority": files["ca.crt"]},
+                {"tokenFile": str(token)},
+            )
             _print_instructions(workdir, kubeconfig, keep=keep, every=every)
+            _print_token_instructions(workdir, token_kubeconfig, server.token_port)
             if every > 0:
                 tasks.append(asyncio.ensure_future(_change_periodically(api, every)))
 
@@ -244,6 +272,30 @@ READY""",
         )
 
     await run_until_signal(start, api.close)
+
+
+def _write_service_account(workdir: Path, api: APIServer, ca_file: str) -> Path:
+    """What the driver pod's service-account volume would hold: a token bound to its pod on
+    this node, the gatekeeper's CA, the namespace."""
+    volume = workdir / "serviceaccount"
+    volume.mkdir(exist_ok=True)
+    token = api.tokens.mint(_DEMO_SA["namespace"], _DEMO_SA["name"], pod=_DEMO_POD)
+    write_pem(volume / "token", token.encode(), private=True)
+    write_pem(volume / "ca.crt", Path(ca_file).read_bytes())
+    (volume / "namespace").write_text(_DEMO_SA["namespace"])
+    return volume / "token"
+
+
+def _print_token_instructions(workdir: Path, kubeconfig: Path, port: int | None) -> None:
+    print(
+        f"""
+The driver's own ServiceAccount token works too (the token listener, 127.0.0.1:{port}): what
+rest.InClusterConfig() reads is in {workdir / "serviceaccount"} (token, ca.crt, namespace),
+with KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT={port}. The same as a kubeconfig:
+  kubectl --kubeconfig {kubeconfig} get resourceslices --field-selector {_SELECTOR}
+READY""",
+        flush=True,
+    )
 
 
 def _write_pki(workdir: Path, ca: IssuedCert) -> dict[str, str]:
@@ -303,7 +355,6 @@ Try, in another shell:
     'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={_SELECTOR}'
   tail -f {workdir / "audit.log"}                             # one audit event per request
 
-{changes}Ctrl-C stops everything{cleanup}.
-READY""",
+{changes}Ctrl-C stops everything{cleanup}.""",
         flush=True,
     )

@@ -8,11 +8,12 @@ Connections are capped in :mod:`gatekeeper.connections`; the upstream pools in
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import resource
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ConfigError, Refusal
@@ -31,6 +32,8 @@ log = logging.getLogger("gatekeeper.limits")
 _RETRY_AFTER = 1
 _RESERVED_DESCRIPTORS = 64
 """Descriptors kept for listeners, the audit log, policy reads and the gatekeeper's own pool."""
+_LISTENER_KINDS = 2
+"""Unix sockets and mTLS: each has its own caps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +44,20 @@ class Limits:
     """Requests (not watches) of one driver being served at once; more: 429."""
     watches_per_driver: int = 64
     """Open watches of one driver; more: 429."""
+    filtered_reads_per_driver: int = 4
+    """Filtered lists and watch primes of one driver read at once; more wait their turn (up
+    to ``upstream_wait``, then 429), so the memory and the event loop's time they take do
+    not grow with the driver's concurrency."""
     connections_per_driver: int = 128
-    """Open connections from one driver (socket directory or certificate CN)."""
+    """Open connections from one driver (socket directory or certificate CN), per listener
+    kind."""
     connections_total: int = 1024
-    """Open connections from all drivers."""
+    """Open connections from all drivers, per listener kind (Unix sockets, mTLS): a listener
+    never takes another's capacity."""
+    connections_unauthenticated: int = 256
+    """Open connections that are no driver's (yet), per listener kind: TLS handshakes in
+    progress, certificates that name no driver. They never take a driver's capacity; when
+    they are this many, the oldest is closed for a new one."""
     header_timeout: float = 10.0
     """Seconds from a request's first byte to the end of its headers; then the connection is
     closed (slowloris)."""
@@ -79,8 +92,16 @@ DEFAULT_LIMITS = Limits()
 _FLAGS = {
     "--max-requests-per-driver": ("inflight_per_driver", "requests of one driver served at once"),
     "--max-watches-per-driver": ("watches_per_driver", "open watches of one driver"),
+    "--max-filtered-reads-per-driver": (
+        "filtered_reads_per_driver",
+        "filtered lists and watch primes of one driver read at once",
+    ),
     "--max-connections-per-driver": ("connections_per_driver", "connections of one driver"),
-    "--max-connections": ("connections_total", "connections of all drivers"),
+    "--max-connections": ("connections_total", "connections of all drivers, per listener kind"),
+    "--max-unauthenticated-connections": (
+        "connections_unauthenticated",
+        "connections that are no driver's yet (TLS handshakes), per listener kind",
+    ),
     "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
     "--body-timeout": ("body_timeout", "seconds to receive a request body (then 408)"),
     "--keepalive-timeout": ("keepalive_timeout", "seconds an idle connection stays open"),
@@ -113,16 +134,23 @@ def limits_from_flags(namespace: argparse.Namespace) -> Limits:
 def fit_to_descriptors(limits: Limits, soft_limit: int | None = None) -> Limits:
     """``limits`` with connection caps lowered so the descriptor limit is never hit first.
 
-    Each driver connection may hold one upstream connection (a watch): two descriptors. The
-    soft ``RLIMIT_NOFILE`` is raised to the hard one first, as Go programs do.
+    Every connection a cap admits is a descriptor: the drivers' (two listener kinds, each up
+    to ``connections_total``), the unauthenticated buckets, and the upstream pools. The soft
+    ``RLIMIT_NOFILE`` is raised to the hard one first, as Go programs do.
     """
     if soft_limit is None:
         soft_limit = _raise_nofile()
-    budget = max(8, (soft_limit - _RESERVED_DESCRIPTORS - limits.upstream_own) // 2)
+    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
+    fixed += _LISTENER_KINDS * limits.connections_unauthenticated
+    upstream = limits.upstream_requests + limits.upstream_watches
+    if fixed + _LISTENER_KINDS * limits.connections_total + upstream <= soft_limit:
+        return limits
+    # Half for the drivers' connections, half for the upstream connections they may hold.
+    budget = max(16, (soft_limit - fixed) // 2)
     fitted = limits
-    if limits.connections_total > budget:
-        fitted = replace(fitted, connections_total=budget)
-    if fitted.upstream_watches + fitted.upstream_requests > budget:
+    if _LISTENER_KINDS * limits.connections_total > budget:
+        fitted = replace(fitted, connections_total=max(8, budget // _LISTENER_KINDS))
+    if upstream > budget:
         share = max(4, budget // 4)
         fitted = replace(fitted, upstream_requests=share, upstream_watches=budget - share)
     if fitted is not limits:
@@ -150,7 +178,8 @@ def _raise_nofile() -> int:
 
 
 class DriverBudgets:
-    """In-flight requests and open watches per driver; a request over budget is refused."""
+    """In-flight requests, open watches and filtered reads per driver; a request over budget
+    is refused (a filtered read waits its turn first)."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
@@ -158,6 +187,45 @@ class DriverBudgets:
         self.watches: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         """Requests refused as over budget, per driver (exported by the metrics endpoint)."""
+        self._filtered: dict[str, _Turns] = {}
+
+    def filtered_reads(self, driver: str) -> int:
+        """``driver``'s filtered reads now, holding a turn or waiting for one."""
+        turns = self._filtered.get(driver)
+        return 0 if turns is None else turns.users
+
+    @asynccontextmanager
+    async def filtered_read(self, driver: str) -> AsyncIterator[None]:
+        """Hold one of ``driver``'s filtered-read turns for the duration (README, "Filtered
+        reads"); wait for one up to ``upstream_wait``, then Refusal(429). Drivers never wait
+        for each other's turns."""
+        turns = self._filtered.get(driver)
+        if turns is None:
+            turns = self._filtered[driver] = _Turns(self.limits.filtered_reads_per_driver)
+        turns.users += 1
+        try:
+            try:
+                async with asyncio.timeout(self.limits.upstream_wait):
+                    await turns.free.acquire()
+            except TimeoutError:
+                self.refused[driver] += 1
+                limit = self.limits.filtered_reads_per_driver
+                raise Refusal(
+                    429,
+                    f"driver has {limit} filtered reads in progress, its budget",
+                    f'too many requests: driver "{driver}" waited '
+                    f"{self.limits.upstream_wait:g} seconds behind its own {limit} filtered "
+                    f"lists or watch primes; retry later",
+                    retry_after=_RETRY_AFTER,
+                ) from None
+            try:
+                yield
+            finally:
+                turns.free.release()
+        finally:
+            turns.users -= 1
+            if turns.users == 0:
+                del self._filtered[driver]  # bounded by the drivers reading now
 
     @contextmanager
     def admit(self, driver: str, *, watch: bool) -> Iterator[None]:
@@ -181,3 +249,13 @@ class DriverBudgets:
             counts[driver] -= 1
             if counts[driver] <= 0:
                 del counts[driver]
+
+
+class _Turns:
+    """One driver's filtered-read turns, and how many requests hold or wait for one."""
+
+    __slots__ = ("free", "users")
+
+    def __init__(self, size: int) -> None:
+        self.free = asyncio.Semaphore(size)
+        self.users = 0

@@ -104,6 +104,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.token_reviews = Counter(
+            "dra_gatekeeper_token_reviews",
+            "Bearer tokens of the token listener looked up, by result: authenticated, "
+            "unauthenticated or error (TokenReviews asked of the apiserver), or cached.",
+            ["result"],
+            registry=r,
+        )
         self.reloads = Counter(
             "dra_gatekeeper_reloads",
             "Reloads of a watched file (policy, token, tls), by result (ok or error).",

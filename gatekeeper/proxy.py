@@ -7,7 +7,8 @@ is a :class:`~gatekeeper.flow.Flow`, and the audit event is built from it in ``f
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,13 +29,7 @@ from gatekeeper.audit.event import ERROR_ANNOTATION
 from gatekeeper.body import JSON, decode_body, read_limited
 from gatekeeper.encoded import ENCODED_MEDIA_TYPES, read_encoded
 from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.filtering import (
-    DROPPED_ANNOTATION,
-    PLAIN_JSON,
-    WatchFilter,
-    prime_watch,
-    scoped_chunks,
-)
+from gatekeeper.filtering import PLAIN_JSON, scoped_chunks, scoped_error
 from gatekeeper.flow import Flow, Forwarded
 from gatekeeper.headers import (
     accepts_plain_json,
@@ -42,14 +37,17 @@ from gatekeeper.headers import (
     response_headers,
     screen_request,
 )
-from gatekeeper.identity import identify
+from gatekeeper.identity import Identity, bearer_token, identify, token_identity
 from gatekeeper.limits import DriverBudgets
+from gatekeeper.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.decision import deny
 from gatekeeper.policy.plan import Plan
 from gatekeeper.preview import run_preview
 from gatekeeper.requestinfo import RequestInfo, parse_request
+from gatekeeper.scoped import DROPPED_ANNOTATION, WatchFilter
 from gatekeeper.status import status_body
+from gatekeeper.tokenreview import TokenReviewer
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamResponse
 
@@ -60,6 +58,7 @@ __all__ = [
     "decide",
     "forward",
     "handle",
+    "identify_request",
     "plan_request",
     "read_body",
 ]
@@ -82,6 +81,10 @@ class Gatekeeper:
     socket_drivers: dict[str, str] = field(default_factory=dict)
     budgets: DriverBudgets = field(default_factory=DriverBudgets)
     """Per-driver in-flight and watch budgets (and the limits they come from)."""
+    tokens: TokenReviewer | None = None
+    """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
+    token_ports: set[int] = field(default_factory=set)
+    """Local ports of the token listener: a connection to one shows a token, not a cert."""
 
     @property
     def node_name(self) -> str:
@@ -91,8 +94,10 @@ class Gatekeeper:
 GATEKEEPER = web.AppKey("gatekeeper", Gatekeeper)
 
 
-def build_app(gatekeeper: Gatekeeper) -> web.Application:
-    app = web.Application(client_max_size=0, middlewares=[_any_target])
+def build_app(gatekeeper: Gatekeeper, outer: Sequence[Any] = ()) -> web.Application:
+    """The gatekeeper's aiohttp app; ``outer`` middlewares (in-flight drain, metrics) wrap
+    every request, those the router cannot match included."""
+    app = web.Application(client_max_size=0, middlewares=[*outer, _any_target])
     app[GATEKEEPER] = gatekeeper
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
@@ -100,9 +105,11 @@ def build_app(gatekeeper: Gatekeeper) -> web.Application:
 
 @web.middleware
 async def _any_target(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Targets the router cannot match (``CONNECT host:443``, ``OPTIONS *``) still go through
-    the pipeline, which refuses them with a Status and an audit event (not aiohttp's 404)."""
-    if not request.raw_path.startswith("/"):
+    """Every request goes through the pipeline, which answers with a Status and an audit event,
+    also those the router cannot match (not aiohttp's text/plain 404): ``CONNECT host:443``,
+    ``OPTIONS *``, and ``CONNECT /api`` (aiohttp reads a CONNECT target as an authority, so
+    even a path does not match the catch-all route)."""
+    if request.match_info.http_exception is not None:
         return await handle(request)
     return await handler(request)  # type: ignore[no-any-return]
 
@@ -119,7 +126,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         client_audit_id=client_audit_id(request.headers),
     )
     try:
-        flow.identity = identify(request.transport, gk.socket_drivers)
+        flow.identity = await identify_request(request, gk)
         screen_request(request.method, request.headers)
         flow.info = parse_request(request.method, request.raw_path)
         if not getattr(gk.audit, "writable", True):
@@ -180,6 +187,24 @@ async def handle(request: web.Request) -> web.StreamResponse:
         await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
+async def identify_request(request: web.Request, gk: Gatekeeper) -> Identity:
+    """Who is calling: the socket directory, the verified client certificate, or on the token
+    listener the service account of the bearer token (reviewed, cached), whose connection is
+    then counted as that driver's (README, "Limits")."""
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    if gk.tokens is None or not isinstance(sockname, tuple) or sockname[1] not in gk.token_ports:
+        return identify(transport, gk.socket_drivers)
+    outcome = await gk.tokens.review(bearer_token(request.headers))
+    identity = token_identity(outcome, gk.engine.policy, gk.node_name)
+    # The connection's protocol (connections.py) moves it from the listener's unauthenticated
+    # bucket to the driver's count; looked up, not imported: connections.py builds on this.
+    attribute = getattr(request.protocol, "attribute", None)
+    if attribute is not None and (why := attribute(identity.driver)):
+        raise Refusal(429, "too many connections", f"too many connections: {why}", retry_after=1)
+    return identity
+
+
 def plan_request(gk: Gatekeeper, flow: Flow, accept: str = "") -> Plan | Decision:
     """The request-level rules (kind, verb, driver), before the body is read: planned as JSON,
     so that only what the request itself names can refuse it here; its encoding is judged
@@ -227,14 +252,54 @@ async def read_body(
 async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
     """Send the decided request upstream and stream the answer back as it arrives."""
     decision = flow.decision
-    assert decision is not None and decision.target is not None
-    target = decision.target
+    assert decision is not None and decision.target is not None and flow.identity is not None
     payload = _payload(decision.body)
     media_type = None if payload is None else decision.media_type
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
     )
-    watch_state = await _prepare_filter(flow, decision, headers, gk.upstream)
+    if decision.filter is None:
+        return await _exchange(request, flow, gk, decision.target, headers, payload, None)
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    target = upstream_target(decision.target)
+    pages = _pages(gk.upstream, headers)
+    driver = flow.identity.driver
+    state = WatchFilter(decision.filter)  # counts what a get or list drops
+    if flow.long_running and (listing := prime_listing(target)) is not None:
+        # SECURITY: README "Filtered reads" — a watch's prime is a list read like any other:
+        # it takes one of the driver's requests in flight and one of its filtered-read turns.
+        with gk.budgets.admit(driver, watch=False):
+            async with gk.budgets.filtered_read(driver):
+                state = await prime_watch(pages, listing, decision.filter)
+    if target.verb != "list":
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+    async with gk.budgets.filtered_read(driver):
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+
+
+def _pages(upstream: Upstream, headers: dict[str, str]) -> PageOpener:
+    """Opens further pages of a filtered list with the request's own headers."""
+
+    def page(info: RequestInfo) -> AbstractAsyncContextManager[UpstreamResponse]:
+        return upstream.stream("GET", info.target, headers, None, long_running=False)
+
+    return page
+
+
+async def _exchange(
+    request: web.Request,
+    flow: Flow,
+    gk: Gatekeeper,
+    target: RequestInfo,
+    headers: dict[str, str],
+    payload: bytes | None,
+    filtered: tuple[WatchFilter, PageOpener] | None,
+) -> web.StreamResponse:
+    """The upstream round trip of :func:`forward`, filtered when ``filtered`` says how."""
+    assert flow.decision is not None
+    media_type = None if payload is None else flow.decision.media_type
     flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     try:
@@ -244,8 +309,10 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             flow.upstream_audit_id = answer.headers.get("Audit-Id", "")
             flow.status_code = answer.status
             body = answer.chunks()
-            if answer.status < 400 and decision.filter is not None:
-                scoped = await scoped_chunks(target, body, decision.filter, watch_state)
+            if answer.status < 400 and filtered is not None:
+                state, pages = filtered
+                keep = state.keep
+                scoped = await scoped_chunks(target, body, keep, state, pages)
                 if isinstance(scoped, Decision):
                     # The object left the driver's scope after the engine's read: one 404.
                     flow.decision = scoped
@@ -255,7 +322,8 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
                 status=answer.status,
                 headers=response_headers(answer.headers, audit_id=flow.audit_id),
             )
-            flow.response_object = await _relay(request, response, flow, gk, answer, body)
+            scrub = filtered is not None
+            flow.response_object = await _relay(request, response, flow, gk, answer, body, scrub)
     except UpstreamError as error:
         if response is None or not response.prepared:
             raise
@@ -284,24 +352,10 @@ async def forward(request: web.Request, flow: Flow, gk: Gatekeeper) -> web.Strea
             request.transport.close()
         return response
     finally:
-        if watch_state is not None and watch_state.dropped:
-            flow.annotations[DROPPED_ANNOTATION] = watch_state.annotation()
+        if filtered is not None and filtered[0].dropped:
+            flow.annotations[DROPPED_ANNOTATION] = filtered[0].annotation()
     flow.finish(answer.status)
     return response
-
-
-async def _prepare_filter(
-    flow: Flow, decision: Decision, headers: dict[str, str], upstream: Upstream
-) -> WatchFilter | None:
-    """For a response filtered object by object: plain JSON, and a watch's starting state."""
-    if decision.filter is None or decision.target is None:
-        return None
-    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
-    # a Table or metadata-only answer cannot be, so it is never asked for.
-    headers["Accept"] = PLAIN_JSON
-    if not flow.long_running:
-        return WatchFilter(decision.filter)  # counts what a get or list drops
-    return await prime_watch(upstream, decision.target, decision.filter)
 
 
 async def _relay(
@@ -311,8 +365,12 @@ async def _relay(
     gk: Gatekeeper,
     answer: UpstreamResponse,
     body: AsyncIterator[bytes],
+    scrub: bool = False,
 ) -> KubeObject | None:
-    """Write the upstream's answer to the driver; the captured response object, if logged."""
+    """Write the upstream's answer to the driver; the captured response object, if logged.
+
+    ``scrub``: the read is filtered, so an error answer is rebuilt from its Status's code,
+    reason, message and details alone (:func:`~gatekeeper.filtering.scoped_error`)."""
     capture = ResponseCapture(
         gk.audit_level is AuditLevel.REQUEST_RESPONSE
         and logs_bodies(flow.info)
@@ -321,6 +379,10 @@ async def _relay(
     )
     if answer.status >= 400:
         head = await answer.read(_MAX_CAPTURED_ERROR)
+        if scrub:
+            # A HEAD answer has no body to rebuild (the apiserver sends none).
+            empty = request.method == "HEAD"
+            head, body = b"" if empty else scoped_error(head, answer.status), _nothing()
         flow.status_message = _message_of(head)
         await response.prepare(request)
         capture.feed(head)
@@ -335,6 +397,11 @@ async def _relay(
         await response.write(chunk)
     await response.write_eof()
     return capture.result()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
 
 
 def _answer(flow: Flow, answer: Decision) -> web.Response:

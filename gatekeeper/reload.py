@@ -84,9 +84,9 @@ class Reloader:
             if token_now != self._token_seen:
                 self._token_seen = token_now
                 self._apply("token", config.tokens.reload)
-            tls = config.listen_tls
-            if tls is not None and tls.changed() and self._apply("tls", tls.reload):
-                self.check_expiry()
+            for tls in (config.listen_tls, config.token_tls):
+                if tls is not None and tls.changed() and self._apply("tls", tls.reload):
+                    self.check_expiry()
 
     def _apply(self, what: str, action: Callable[[], None]) -> bool:
         try:
@@ -130,11 +130,13 @@ class Reloader:
 
     def check_expiry(self) -> None:
         """Export the serving certificate's and client CA's remaining time; warn if close."""
-        tls = self._server.config.listen_tls
+        config = self._server.config
+        tls = config.listen_tls or config.token_tls
         if tls is not None:
-            self._server.expiry.check_files(
-                {"serving": tls.files.cert_file, "client-ca": tls.files.client_ca_file}
-            )
+            files = {"serving": tls.files.cert_file}
+            if tls.files.client_ca_file is not None:
+                files["client-ca"] = tls.files.client_ca_file
+            self._server.expiry.check_files(files)
 
 
 def _identity(path: str | None) -> object:

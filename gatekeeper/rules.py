@@ -31,6 +31,7 @@ _FORBIDDEN: tuple[tuple[str, str], ...] = (
     ("verb ", "verb-not-allowed"),
 )
 _BAD_REQUEST: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"no continue token"), "continue-refused"),
     (re.compile(r"body|JSON|YAML|DeleteOptions|nested|finite|metadata"), "bad-body"),
     (re.compile(r"query|fieldSelector|labelSelector|watch"), "bad-query"),
     (re.compile(r"malformed HTTP"), "malformed-http"),

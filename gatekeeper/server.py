@@ -33,7 +33,9 @@ from gatekeeper.metrics import UNKNOWN_DRIVER, MeteredSink, Metrics, UpstreamWat
 from gatekeeper.policy import Engine
 from gatekeeper.proxy import Gatekeeper, build_app
 from gatekeeper.reload import Reloader
-from gatekeeper.tls import PeerSocket
+from gatekeeper.tlsgate import TLSGateSite
+from gatekeeper.tokenreview import TOKEN_REVIEWS, TokenReviewer
+from gatekeeper.types import KubeObject
 from gatekeeper.upstream import Upstream, UpstreamSession
 
 __all__ = [
@@ -101,6 +103,8 @@ def bind_listeners(
                 bound.append(_unix_listener(driver_socket.driver, driver_socket))
         if config.listen is not None:
             bound.append(Listener("mtls", _bind_tcp(*config.listen, config.listen_flag)))
+        if config.listen_token is not None:
+            bound.append(Listener("token", _bind_tcp(*config.listen_token, "--listen-token")))
         if config.health_listen is not None:
             bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
     except BaseException:
@@ -127,7 +131,7 @@ def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
     except socket.gaierror as exc:
         raise ConfigError(f"{flag} {host}:{port}: cannot resolve: {exc.strerror}") from None
     family, kind, proto, _, address = infos[0]
-    sock = PeerSocket(family, kind, proto)
+    sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -187,14 +191,16 @@ class GatekeeperServer:
             audit=self.audit,
             audit_level=config.audit.level,
             budgets=DriverBudgets(config.limits),
+            tokens=self._token_reviewer() if config.listen_token is not None else None,
         )
         self.readiness = Readiness(
             upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
         )
         self.expiry = CertificateExpiry(self.metrics, config.cert_expiry_warning)
         self.reloader = Reloader(self)
-        if config.listen_tls is not None:
-            config.listen_tls.on_handshake_failure = self._handshake_failed
+        for tls in (config.listen_tls, config.token_tls):
+            if tls is not None:
+                tls.on_handshake_failure = self._handshake_failed
         self._runners: list[web.AppRunner] = []
         self._listeners: list[Listener] = []
         self._sockets = (
@@ -203,6 +209,7 @@ class GatekeeperServer:
             else None
         )
         self.tls_port: int | None = None
+        self.token_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
         self.in_flight = InFlight()
@@ -216,9 +223,8 @@ class GatekeeperServer:
         drivers = sorted(self.engine.policy.drivers)
         self._listeners = bind_listeners(self.config, drivers, self._sockets)
         await self.upstream.start()
-        app = build_app(self.gatekeeper)
-        app.middlewares.append(self.in_flight.middleware)
-        app.middlewares.append(self.metrics.middleware(self._driver_of))
+        outer = (self.in_flight.middleware, self.metrics.middleware(self._driver_of))
+        app = build_app(self.gatekeeper, outer)
         # In-flight requests are drained before the runner shuts down (InFlight.drain).
         runner = GuardedRunner(
             app,
@@ -247,17 +253,42 @@ class GatekeeperServer:
         self.reloader.start()
         self._log_started()
 
+    def _token_reviewer(self) -> TokenReviewer:
+        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials."""
+
+        async def review(body: KubeObject) -> tuple[int, KubeObject]:
+            return await self.upstream.request("POST", TOKEN_REVIEWS, body)
+
+        return TokenReviewer(
+            review,
+            audiences=self.config.token_audiences,
+            ttl=self.config.token_cache_ttl,
+            on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
+        )
+
     async def _listen(self, runner: web.AppRunner, listener: Listener) -> None:
-        ssl_context = self.config.listen_tls if listener.role == "mtls" else None
-        site = web.SockSite(runner, listener.sock, ssl_context=ssl_context, backlog=_BACKLOG)
+        site: web.SockSite
+        tls = {"mtls": self.config.listen_tls, "token": self.config.token_tls}.get(listener.role)
+        if tls is not None:
+            assert isinstance(runner, GuardedRunner)
+            site = TLSGateSite(
+                runner, listener.sock, tls, runner.guard, listener=listener.role, backlog=_BACKLOG
+            )
+        else:
+            site = web.SockSite(runner, listener.sock, backlog=_BACKLOG)
         await site.start()
+        port = listener.sock.getsockname()[1] if listener.role != "unix" else 0
         if listener.role == "unix":
             # The accepted socket reports the listening path as its sockname: the identity.
             self.gatekeeper.socket_drivers[listener.path] = listener.driver
         elif listener.role == "mtls":
-            self.tls_port = int(listener.sock.getsockname()[1])
+            self.tls_port = int(port)
+        elif listener.role == "token":
+            # The accepted socket reports the listening port: its drivers show a token.
+            self.token_port = int(port)
+            self.gatekeeper.token_ports.add(self.token_port)
         else:
-            self.health_port = int(listener.sock.getsockname()[1])
+            self.health_port = int(port)
 
     def _log_started(self) -> None:
         config, policy = self.config, self.engine.policy
@@ -273,8 +304,8 @@ class GatekeeperServer:
         for listener in self._listeners:
             if listener.role == "unix":
                 log.info("listening driver=%s socket=%s", listener.driver, listener.path)
-            elif listener.role == "mtls":
-                log.info("listening mtls=%s", listener.address)
+            elif listener.role in ("mtls", "token"):
+                log.info("listening %s=%s", listener.role, listener.address)
             else:
                 log.info("listening health=%s paths=/healthz,/readyz,/metrics", listener.address)
 

@@ -5,16 +5,16 @@ connection is wrapped by the context built from the files as they were at the la
 :meth:`ServerTLS.reload`, so a renewed serving certificate or client CA applies to the next
 connection without a restart, and established ones are untouched (DESIGN §4.2).
 
-A handshake that fails (a client certificate from another CA, plain HTTP on the TLS port) is
-otherwise silent in asyncio: it is counted here and logged once per peer address and minute.
+The client certificate is required at the handshake (DESIGN §4.2): a connection without one,
+or with one from another CA, never reaches HTTP. The listener runs its handshakes itself
+(:mod:`gatekeeper.tlsgate`) and reports each one that fails here: it is counted, and logged
+once per peer address and minute (for at most a bounded number of addresses a minute).
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -24,12 +24,14 @@ from typing import Any
 
 from gatekeeper.errors import ConfigError
 
-__all__ = ["PeerSocket", "ServerTLS", "TLSFiles", "file_identity"]
+__all__ = ["ServerTLS", "TLSFiles", "file_identity"]
 
 log = logging.getLogger("gatekeeper.tls")
 
 _LOG_EVERY_SECONDS = 60.0
-_PEER: contextvars.ContextVar[str] = contextvars.ContextVar("gatekeeper_tls_peer", default="")
+_LOGGED_PEERS = 1000
+"""Peer addresses remembered for the once-a-minute log: a client picks its source address
+(any of 127.0.0.0/8 on loopback), so the memory of them is bounded."""
 
 
 def file_identity(path: str) -> tuple[int, int, int] | None:
@@ -43,22 +45,32 @@ def file_identity(path: str) -> tuple[int, int, int] | None:
 
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
-    """The files of the mTLS listener: serving certificate and key, and the client CA."""
+    """The files of a TLS listener: serving certificate and key, and the client CA (mTLS);
+    without one, no client certificate is asked for (the token listener)."""
 
     cert_file: str
     key_file: str
-    client_ca_file: str
+    client_ca_file: str | None = None
 
     def identity(self) -> tuple[object, ...]:
-        return tuple(file_identity(p) for p in (self.cert_file, self.key_file, self.client_ca_file))
+        files = (self.cert_file, self.key_file, self.client_ca_file)
+        return tuple(file_identity(p) for p in files if p is not None)
 
 
-def _build_context(files: TLSFiles, sslobject_class: type[ssl.SSLObject]) -> ssl.SSLContext:
+def _build_context(files: TLSFiles) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # A presented certificate must verify (else the handshake fails); a missing one gets a 401
-    # Status from the identity step, which a driver author can read (DESIGN §4.2).
-    context.verify_mode = ssl.CERT_OPTIONAL
+    if files.client_ca_file is None:
+        # The token listener: the driver is its bearer token's (TokenReview), not a
+        # certificate's; rest.InClusterConfig() presents none.
+        context.verify_mode = ssl.CERT_NONE
+        _load_pair(context, files.cert_file, files.key_file)
+        return context
+    # SECURITY: README "Limits" — the certificate is required and verified at the handshake:
+    # a process without a credential gets no HTTP connection at all, so it can hold nothing
+    # but a handshake in the listener's small unauthenticated bucket (the driver without a
+    # certificate sees a TLS error, not a 401; README "Troubleshooting").
+    context.verify_mode = ssl.CERT_REQUIRED
     _load_pair(context, files.cert_file, files.key_file)
     _readable("--client-ca-file", files.client_ca_file)
     try:
@@ -67,7 +79,6 @@ def _build_context(files: TLSFiles, sslobject_class: type[ssl.SSLObject]) -> ssl
         raise ConfigError(
             f"--client-ca-file {files.client_ca_file}: cannot load: {_reason(exc)}"
         ) from None
-    context.sslobject_class = sslobject_class
     return context
 
 
@@ -123,7 +134,7 @@ class ServerTLS(ssl.SSLContext):
     _current: ssl.SSLContext
     _loaded: tuple[object, ...]
     _logged: dict[str, float]
-    _sslobject_class: type[ssl.SSLObject]
+    _flood_logged: float
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ServerTLS:
         return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
@@ -139,9 +150,9 @@ class ServerTLS(ssl.SSLContext):
         self.files = files
         self.on_handshake_failure = lambda peer, reason: None
         self._logged = {}
-        self._sslobject_class = _counting_sslobject(self)
+        self._flood_logged = -_LOG_EVERY_SECONDS
         self._loaded = files.identity()
-        self._current = _build_context(files, self._sslobject_class)
+        self._current = _build_context(files)
         return self
 
     @property
@@ -156,7 +167,7 @@ class ServerTLS(ssl.SSLContext):
     def reload(self) -> None:
         """Load the files again; new connections use them. ConfigError keeps the old ones."""
         identity = self.files.identity()
-        context = _build_context(self.files, self._sslobject_class)
+        context = _build_context(self.files)
         self._current, self._loaded = context, identity
 
     def not_after(self) -> datetime:
@@ -176,43 +187,23 @@ class ServerTLS(ssl.SSLContext):
         """asyncio's path: wrap with the current context."""
         return self._current.wrap_bio(incoming, outgoing, server_side, server_hostname, session)
 
-    def handshake_failed(self, reason: str) -> None:
-        peer = _PEER.get() or "unknown"
+    def handshake_failed(self, peer: str, reason: str) -> None:
+        """Count a failed handshake from ``peer`` (an address), and log it once a minute."""
         self.on_handshake_failure(peer, reason)
         now = time.monotonic()
-        if now - self._logged.get(peer, -_LOG_EVERY_SECONDS) >= _LOG_EVERY_SECONDS:
-            self._logged[peer] = now
-            if len(self._logged) > 10_000:
-                self._logged = {p: t for p, t in self._logged.items() if now - t < 60}
-            log.warning("tls handshake failed peer=%s reason=%s", peer, reason)
-
-
-def _counting_sslobject(owner: ServerTLS) -> type[ssl.SSLObject]:
-    class _CountingSSLObject(ssl.SSLObject):
-        def do_handshake(self) -> None:
-            try:
-                super().do_handshake()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                raise
-            except ssl.SSLError as exc:
-                # asyncio may call again after a failure: count each connection once.
-                if not getattr(self, "_gatekeeper_failed", False):
-                    self._gatekeeper_failed = True
-                    owner.handshake_failed(str(exc.reason or type(exc).__name__))
-                raise
-
-    return _CountingSSLObject
-
-
-class PeerSocket(socket.socket):
-    """A listening socket that records each accepted peer's address for the TLS handshake's log.
-
-    asyncio accepts, then runs the handshake in a task created right after ``accept()``: the
-    task copies the context, so the peer set here is what the handshake callbacks see.
-    """
-
-    def accept(self) -> tuple[socket.socket, Any]:
-        conn, address = super().accept()
-        if isinstance(address, tuple) and address:
-            _PEER.set(str(address[0]))  # the host: a client retrying comes from new ports
-        return conn, address
+        if now - self._logged.get(peer, -_LOG_EVERY_SECONDS) < _LOG_EVERY_SECONDS:
+            return
+        if len(self._logged) >= _LOGGED_PEERS:
+            self._logged = {p: t for p, t in self._logged.items() if now - t < _LOG_EVERY_SECONDS}
+        if len(self._logged) >= _LOGGED_PEERS:
+            # More failing peers this minute than remembered: one line for all of them.
+            if now - self._flood_logged >= _LOG_EVERY_SECONDS:
+                self._flood_logged = now
+                log.warning(
+                    "tls handshakes failing from more than %d peers a minute; more are "
+                    "counted (dra_gatekeeper_tls_handshake_failures_total), not logged",
+                    _LOGGED_PEERS,
+                )
+            return
+        self._logged[peer] = now
+        log.warning("tls handshake failed peer=%s reason=%s", peer, reason)

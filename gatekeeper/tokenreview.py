@@ -126,7 +126,9 @@ class TokenReviewer:
                 return outcome
             del self._cache[key]
         task = self._pending.get(key)
-        if task is None:
+        if task is not None:
+            self._on_review("cached")  # the answer another request is waiting for already
+        else:
             # Its own task: a requester that goes away does not cancel the others' answer.
             task = asyncio.ensure_future(self._ask_and_remember(key, token))
             self._pending[key] = task

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
@@ -41,10 +41,13 @@ _JSON = "application/json"
 class UpstreamResponse:
     """An upstream answer as it arrives: status, headers, and a body read with errors mapped."""
 
-    __slots__ = ("_response",)
+    __slots__ = ("_on_eof", "_response")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, on_eof: Callable[[], None] = lambda: None
+    ) -> None:
         self._response = response
+        self._on_eof = on_eof
 
     @property
     def status(self) -> int:
@@ -62,12 +65,14 @@ class UpstreamResponse:
             raise _mapped(exc) from exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The (rest of the) body, chunk by chunk as it arrives."""
+        """The (rest of the) body, chunk by chunk as it arrives. At its end the upstream
+        connection is back in its pool for the next request (a filtered list's next page)."""
         iterator = self._response.content.iter_any().__aiter__()
         while True:
             try:
                 chunk = await iterator.__anext__()
             except StopAsyncIteration:
+                self._on_eof()
                 return
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise _mapped(exc) from exc
@@ -219,8 +224,8 @@ class UpstreamSession:
         if token := self._tokens.token():
             sent["Authorization"] = f"Bearer {token}"
         async with (
-            pool.slot(self.limits.upstream_wait),
-            self._sent(pool.session, method, target, sent, body, long_running) as ok,
+            pool.slot(self.limits.upstream_wait) as release,
+            self._sent(pool.session, method, target, sent, body, long_running, release) as ok,
         ):
             yield ok
 
@@ -233,6 +238,7 @@ class UpstreamSession:
         headers: dict[str, str],
         body: bytes | None,
         long_running: bool,
+        on_eof: Callable[[], None],
     ) -> AsyncIterator[UpstreamResponse]:
         try:
             response = await session.request(
@@ -248,7 +254,7 @@ class UpstreamSession:
         try:
             if 300 <= response.status < 400:
                 raise UpstreamError(502, f"upstream answered with a redirect ({response.status})")
-            yield UpstreamResponse(response)
+            yield UpstreamResponse(response, on_eof)
         except BaseException:
             response.close()  # the body was not read to its end: the connection is not reused
             raise
@@ -267,7 +273,9 @@ class _Pool:
         self.session: aiohttp.ClientSession | None = None
 
     @asynccontextmanager
-    async def slot(self, wait: float) -> AsyncIterator[None]:
+    async def slot(self, wait: float) -> AsyncIterator[Callable[[], None]]:
+        """Hold one connection of the pool; the callable yielded gives it back early (once an
+        answer's body is read to its end), else it is given back on exit."""
         try:
             async with asyncio.timeout(wait):
                 await self.free.acquire()
@@ -277,10 +285,18 @@ class _Pool:
                 f"no upstream connection for {self.name} came free within {wait:g} seconds "
                 f"(all {self.size} in use); retry later",
             ) from None
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.free.release()
+
         try:
-            yield
+            yield release
         finally:
-            self.free.release()
+            release()
 
 
 async def read_json_object(

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gatekeeper import filtering
+from gatekeeper import scoped
 from gatekeeper.audit import AuditLevel
 from gatekeeper.config import AuditSettings
-from gatekeeper.filtering import DROPPED_ANNOTATION
 from gatekeeper.policy import Policy
+from gatekeeper.scoped import DROPPED_ANNOTATION
 from gatekeeper.testing.harness import GPU, NODE, PKI, RecordingSink, running_gatekeeper
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -127,11 +127,11 @@ async def test_filtered_list_drops_the_deep_claim_and_serves_the_rest(
     deep_gatekeeper: tuple[Any, RecordingSink],
 ) -> None:
     running, sink = deep_gatekeeper
-    before = filtering.DROPPED.value
+    before = scoped.DROPPED.value
     async with running.unix_session(GPU) as session, session.get(CLAIMS) as response:
         assert response.status == 200, await response.text()
         assert _names(await response.json()) == ["mine", "mine2"]
-    assert filtering.DROPPED.value == before + 1
+    assert scoped.DROPPED.value == before + 1
     event = sink.events[-1]
     assert event["responseStatus"]["code"] == 200
     assert event["annotations"][DROPPED_ANNOTATION] == "1: default/deep"

@@ -200,3 +200,30 @@ async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(tmp_pa
     assert kubeconfig == str(tmp_path / "rel" / "gpu.example.com.kubeconfig")
     user = yaml.safe_load(Path(kubeconfig).read_text())["users"][0]["user"]
     assert user["client-certificate"] == str(tmp_path / "rel" / "gpu.example.com.crt")
+
+
+@pytest.mark.kubectl
+async def test_the_demo_shows_the_token_listener(tmp_path: Path) -> None:
+    """The printed kubeconfig with the driver's ServiceAccount token works, and the
+    service-account volume it points at is what in-cluster config reads."""
+    process, lines = await _start_demo("--dir", str(tmp_path / "demo"))
+    try:
+        command = next(line for line in lines if "token.kubeconfig" in line).split()
+        assert command[:2] == ["kubectl", "--kubeconfig"]
+        volume = tmp_path / "demo" / "serviceaccount"
+        assert {p.name for p in volume.iterdir()} == {"token", "ca.crt", "namespace"}
+        done = await asyncio.create_subprocess_exec(
+            str(KUBECTL), *command[1:], "-o", "json", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(done.communicate(), 30)
+        assert done.returncode == 0
+        names = [item["metadata"]["name"] for item in json.loads(out)["items"]]
+        assert names == ["demo-node-gpu.example.com-0"]
+        audit = [
+            json.loads(line) for line in (tmp_path / "demo" / "audit.log").read_text().splitlines()
+        ]
+        assert any(
+            e["user"]["extra"].get("dra-gatekeeper.io/transport") == ["token"] for e in audit
+        )
+    finally:
+        await _stop(process)

@@ -21,8 +21,9 @@ from gatekeeper.testing.harness import KUBECTL
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.32.0"
-NOT_MANIFESTS = {"kustomization.yaml", "policy.yaml"}
+NOT_MANIFESTS = {"kustomization.yaml", "policy.yaml", "behind-gatekeeper.yaml"}
 MANIFESTS = sorted(path for path in DEPLOY.rglob("*.yaml") if path.name not in NOT_MANIFESTS)
+TOKEN_DRIVER = DEPLOY / "examples" / "token-driver"
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -81,11 +82,10 @@ def test_kustomize_builds_valid_objects_offline() -> None:
 
 def test_clusterrole_is_exactly_what_the_policy_needs() -> None:
     deployed = (DEPLOY / "clusterrole.yaml").read_text()
-    default = load_policy(None).with_drivers(frozenset({"gpu.example.com"}))
-    assert deployed == render_cluster_role(default)
     assert deployed == render_cluster_role(load_policy(str(DEPLOY / "policy.yaml")))
+    policy = str(DEPLOY / "policy.yaml")
     out = subprocess.run(
-        [sys.executable, "-m", "gatekeeper", "policy", "rbac", "--driver", "gpu.example.com"],
+        [sys.executable, "-m", "gatekeeper", "policy", "rbac", "--policy", policy],
         capture_output=True,
         text=True,
         check=True,
@@ -98,6 +98,63 @@ def test_deployed_policy_is_the_default_with_its_drivers() -> None:
     default = load_policy(None)
     assert deployed.kinds == default.kinds
     assert deployed.drivers == {"gpu.example.com"}
+    assert deployed.service_accounts == {
+        "system:serviceaccount:dra-example-driver:dra-example-driver-service-account": (
+            "gpu.example.com"
+        )
+    }
+
+
+def test_daemonset_serves_tokens_with_a_certificate_for_the_nodes_address() -> None:
+    spec = pod_spec()
+    args = gatekeeper_container()["args"]
+    assert "--listen-token=0.0.0.0:9443" in args
+    token_port = next(p for p in gatekeeper_container()["ports"] if p["name"] == "token")
+    assert token_port["hostPort"] == token_port["containerPort"] == 9443
+    minting = next(c for c in spec["initContainers"] if c["name"] == "serving-cert")
+    assert "--host=$(HOST_IP)" in minting["args"]
+    env = {e["name"]: e for e in minting["env"]}
+    assert env["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    out = next(a for a in minting["args"] if a.startswith("--out=")).removeprefix("--out=")
+    assert f"--tls-cert-file={out}/server.crt" in args
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["serving-ca"]["secret"]["secretName"] == "dra-gatekeeper-serving-ca"
+    assert volumes["tls"]["emptyDir"]["medium"] == "Memory"
+    # The CA key is only the init container's: the serving process mounts the minted pair.
+    assert "serving-ca" not in {m["name"] for m in gatekeeper_container()["volumeMounts"]}
+
+
+@pytest.mark.kubectl
+def test_the_token_driver_example_changes_env_and_volumes_only() -> None:
+    """The kustomize example puts an unchanged kubelet-plugin DaemonSet behind the gatekeeper:
+    in-cluster config's env and service-account volume, and nothing else."""
+    built = subprocess.run(
+        [str(KUBECTL), "kustomize", str(TOKEN_DRIVER)], capture_output=True, text=True, check=True
+    ).stdout
+    after = next(d for d in yaml.safe_load_all(built) if d and d["kind"] == "DaemonSet")
+    before = next(d for d in documents(TOKEN_DRIVER / "driver.yaml") if d["kind"] == "DaemonSet")
+    spec = after["spec"]["template"]["spec"]
+    assert spec.pop("automountServiceAccountToken") is False
+    (plugin,) = spec["containers"]
+    env = {e["name"]: e for e in plugin["env"]}
+    assert (
+        env.pop("KUBERNETES_SERVICE_HOST")["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    )
+    assert env.pop("KUBERNETES_SERVICE_PORT")["value"] == "9443"
+    plugin["env"] = list(env.values())
+    mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    mount = mounts.pop("gatekeeper-serviceaccount")
+    assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    plugin["volumeMounts"] = list(mounts.values())
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    sources = volumes.pop("gatekeeper-serviceaccount")["projected"]["sources"]
+    assert {next(iter(source)) for source in sources} == {
+        "serviceAccountToken",
+        "configMap",
+        "downwardAPI",
+    }
+    spec["volumes"] = list(volumes.values())
+    assert after == before
 
 
 def test_binding_gives_the_role_to_the_daemonset_account() -> None:
@@ -128,7 +185,8 @@ def test_daemonset_runs_beside_every_driver_hardened() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec.get("hostNetwork", False) is False
     for init in spec.get("initContainers", []):
-        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        capabilities = init["securityContext"]["capabilities"]
+        assert capabilities["drop"] == ["ALL"] and capabilities.get("add", ["CHOWN"]) == ["CHOWN"]
         assert init["securityContext"]["allowPrivilegeEscalation"] is False
     assert spec["terminationGracePeriodSeconds"] > 20
 

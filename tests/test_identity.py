@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
 import tempfile
@@ -105,11 +106,26 @@ async def test_an_mtls_client_is_its_certificate_cn(pki: PKI) -> None:
         assert isinstance(port, int)
         await connect_tcp(port, pki.client_context(GPU))
         identity = await asyncio.wait_for(seen.get(), 10)
-        await connect_tcp(port, pki.client_context(None))
-        anonymous = await asyncio.wait_for(seen.get(), 10)
-    assert isinstance(identity, Identity)
+        # The listener's context requires the certificate: a client without one is refused at
+        # the handshake and never reaches identification (the next one seen is GPU again).
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await connect_tcp(port, pki.client_context(None))
+        await connect_tcp(port, pki.client_context(GPU))
+        again = await asyncio.wait_for(seen.get(), 10)
+    assert isinstance(identity, Identity) and isinstance(again, Identity)
     assert (identity.driver, identity.transport) == (GPU, "mtls")
     assert identity.peer["certSerial"] and identity.peer["certNotAfter"]
+
+
+async def test_tls_without_a_client_certificate_is_401(pki: PKI) -> None:
+    """Where a TLS listener lets a handshake end without a certificate, identification is
+    still refused (the mTLS listener requires one at the handshake)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.path("server.crt"), pki.path("server.key"))
+    async with identifying(lambda path: {}, tls=context) as (port, seen):
+        assert isinstance(port, int)
+        await connect_tcp(port, pki.client_context(None))
+        anonymous = await asyncio.wait_for(seen.get(), 10)
     assert isinstance(anonymous, Refusal) and anonymous.code == 401
     assert anonymous.reason == "no verified client certificate with a subject CN"
 

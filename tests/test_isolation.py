@@ -5,7 +5,7 @@ drivers' requests from waiting behind one driver's watches, and bounded waits (5
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
@@ -166,3 +166,69 @@ async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_f
     assert event["responseStatus"]["code"] == 500
     assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
     assert event["annotations"]["dra-gatekeeper.io/error"] == "internal error: RuntimeError"
+
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Poll the gatekeeper's own state until ``check`` holds (bounded)."""
+    async with asyncio.timeout(10):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_watch_prime_takes_a_request_of_the_drivers_budget(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """A claim watch continuing a list at a resourceVersion first re-reads that list: a list
+    read like any other, so it needs a free request of the driver's in-flight budget."""
+    async with (
+        started(apiserver, policy, pki, Limits(inflight_per_driver=1)) as (gk, _sink),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+        holding(gpu, 1, **pinned(GPU, **FUTURE)),
+    ):
+        budgets = gk.server.gatekeeper.budgets
+        await _until(lambda: budgets.inflight[GPU] == 1)
+        primed = {"watch": "true", "resourceVersion": "1", "timeoutSeconds": "1"}
+        async with gpu.get(CLAIMS, params=primed) as refused:
+            assert refused.status == 429
+            assert "requests in flight" in (await refused.json())["message"]
+        assert budgets.watches[GPU] == 0
+        async with gpu.get(CLAIMS, params={"watch": "true", "timeoutSeconds": "1"}) as unprimed:
+            assert unprimed.status == 200  # nothing to re-read: the watch budget alone
+        async with nic.get(CLAIMS, params=primed) as other:
+            assert other.status == 200
+
+
+async def test_filtered_reads_wait_their_turn_per_driver(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """One driver's filtered lists take turns (memory and loop time do not grow with its
+    concurrency); past --upstream-wait, 429. Another driver never waits for them."""
+    limits = Limits(filtered_reads_per_driver=1, upstream_wait=0.3)
+    async with (
+        started(apiserver, policy, pki, limits) as (gk, _sink),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+    ):
+        budgets = gk.server.gatekeeper.budgets
+
+        async def slow_list() -> int:
+            async with gpu.get(CLAIMS, params=FUTURE) as response:  # waits upstream (5 s)
+                return response.status
+
+        held = asyncio.create_task(slow_list())
+        try:
+            await _until(lambda: budgets.filtered_reads(GPU) == 1)
+            async with gpu.get(CLAIMS) as refused:
+                assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+                assert "behind its own 1 filtered lists" in (await refused.json())["message"]
+            async with nic.get(CLAIMS) as other:
+                assert other.status == 200
+            assert budgets.filtered_reads(NIC) == 0
+        finally:
+            held.cancel()
+            await asyncio.gather(held, return_exceptions=True)
+        await _until(lambda: budgets.filtered_reads(GPU) == 0)

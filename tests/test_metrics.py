@@ -10,7 +10,8 @@ import pytest
 from gatekeeper.audit import NullSink
 from gatekeeper.metrics import MeteredSink, Metrics
 from gatekeeper.policy import load_policy
-from gatekeeper.rules import RULES
+from gatekeeper.policy.claims import CONTINUE_REFUSED
+from gatekeeper.rules import RULES, rule_of
 from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
@@ -208,3 +209,8 @@ async def test_creates_with_random_pool_names_add_no_series(
         ("dra_gatekeeper_refusals_total", (("driver", GPU), ("reason", "pool-prefix"))): 5.0
     }
     assert apiserver.journal == []
+
+
+def test_the_rule_of_a_refused_continue_token() -> None:
+    assert rule_of(400, CONTINUE_REFUSED) == "continue-refused"
+

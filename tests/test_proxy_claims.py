@@ -7,6 +7,7 @@ import asyncio
 import copy
 import json
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 import pytest
@@ -152,14 +153,21 @@ async def test_list_is_filtered(gatekeeper: Running, apiserver: APIServer, path:
         assert [item["metadata"]["name"] for item in nics["items"]] == ["nics"]
 
 
-async def test_paged_list_hides_the_count_of_hidden_claims(
+async def test_a_paged_list_is_answered_in_full_without_a_continue_token(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
+    """client-go's pager asks limit=500 and follows continue: a full answer without one ends
+    its paging. The driver's limit never reaches the upstream (the gatekeeper's pages do)."""
     seed_claims(apiserver)
+    since = len(apiserver.journal)
     async with gatekeeper.unix_session(GPU) as session:
-        page = await (await session.get(f"{ALL_CLAIMS}?limit=2")).json()
-    assert "remainingItemCount" not in page["metadata"]
-    assert page["metadata"].get("continue")  # paging itself still works
+        response = await session.get(f"{ALL_CLAIMS}?limit=1")
+        page = await response.json()
+    assert response.status == 200
+    assert {item["metadata"]["name"] for item in page["items"]} == VISIBLE | {"mine-elsewhere"}
+    assert set(page["metadata"]) == {"resourceVersion"}  # no continue, no remainingItemCount
+    (listed,) = [parse_qs(e.query_string) for e in apiserver.journal[since:]]
+    assert listed["limit"] == ["500"]
 
 
 @pytest.mark.parametrize("accept", [TABLE, PARTIAL], ids=["table", "partial-object-metadata"])

@@ -28,7 +28,7 @@ from gatekeeper.policy import (
     VersionSpec,
 )
 from gatekeeper.policy.loader import ALLOCATION_KEYS
-from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS
+from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS, AllocationPaths
 from gatekeeper.policy.ownership import pool_name_ok
 from gatekeeper.requestinfo import RequestInfo, parse_request
 from gatekeeper.selectors import parse_field_selector
@@ -185,19 +185,13 @@ def _scope(entry: _Seen) -> Scope:
 
 def _version_doc(spec: VersionSpec, rule: KindRule) -> dict[str, Any]:
     """A base policy's version, every key it sets kept (the paths, selectors, forbidden and
-    immutable fields; a claim's opaque paths): generating must not change how the allowed
-    requests are decided."""
+    immutable fields; a claim's opaque and time paths): generating must not change how the
+    allowed requests are decided."""
     if rule is KindRule.OWN_NODE:
         return {}  # the object is this node's Node: nothing to locate
     if spec.allocation is not None:
-        doc: dict[str, Any] = {
-            key: ".".join(getattr(spec.allocation, attribute))
-            for key, attribute in ALLOCATION_KEYS.items()
-        }
-        if spec.allocation.opaque:
-            doc["opaque"] = [".".join(path) for path in spec.allocation.opaque]
-        return doc
-    doc = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
+        return _allocation_doc(spec.allocation)
+    doc: dict[str, Any] = {fld.value: ".".join(path) for fld, path in spec.paths.items()}
     defaults = {fld: ".".join(spec.paths[fld]) for fld in (Field.DRIVER, Field.NODE)}
     pool = spec.selectors.get(Field.POOL)
     if any(spec.selectors[fld] != defaults[fld] for fld in defaults) or (
@@ -210,6 +204,18 @@ def _version_doc(spec: VersionSpec, rule: KindRule) -> dict[str, Any]:
         doc["forbidden"] = [".".join(path) for path in spec.forbidden]
     if spec.immutable:
         doc["immutable"] = [fld.value for fld in Field if fld in spec.immutable]
+    return doc
+
+
+def _allocation_doc(allocation: AllocationPaths) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        key: ".".join(getattr(allocation, attr)) for key, attr in ALLOCATION_KEYS.items()
+    }
+    # Without them a generated policy would compare opaque data by meaning, and refuse a
+    # client's re-spelling of the times it read.
+    for key, paths in (("opaque", allocation.opaque), ("times", allocation.times)):
+        if paths:
+            doc[key] = [".".join(path) for path in paths]
     return doc
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
-from gatekeeper.policy.decision import Decision, allow, forbid, not_found
+from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
 from gatekeeper.policy.integrity import body_shape, patch_result, pinned_update
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
@@ -23,6 +23,7 @@ from gatekeeper.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
 __all__ = [
+    "CONTINUE_REFUSED",
     "OUT_OF_SCOPE",
     "STATUS",
     "AllocationScope",
@@ -37,6 +38,12 @@ STATUS = "status"
 """The one subresource the rule writes through."""
 OUT_OF_SCOPE = "not allocated to the driver on this node"
 """The reason (audit only) of the 404 that hides an object out of scope."""
+CONTINUE_REFUSED = (
+    "a filtered list is answered in full (limit is ignored) and hands out no continue token"
+)
+"""The reason of the 400 for a ``continue`` on a filtered list or watch: the apiserver's token
+names the last key of its page, often an object hidden from the driver, so none is passed on,
+and any presented is not one of the gatekeeper's."""
 
 _READS = frozenset({"get", "list", "watch"})
 _WRITES = frozenset({"update", "patch"})
@@ -102,8 +109,14 @@ def decide_allocated(
     """Decide a request :func:`request_refusal` let through, for the caller ``scope.driver``;
     ``proposed`` is a patch's preview with the upstream's answer, if there was one."""
     if info.verb in ("list", "watch"):
+        if info.query_value("continue") is not None:
+            return deny(400, CONTINUE_REFUSED, f"continue is not accepted for {kind.qualified}: "
+                        f"{CONTINUE_REFUSED}; list again without continue")  # fmt: skip
+        # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
+        # passed on (the proxy pages the upstream itself and hands out no continue token).
+        target = info.with_query("limit", None)
         return allow(
-            "objects are filtered to the driver's allocations on this node", info, filter=scope
+            "objects are filtered to the driver's allocations on this node", target, filter=scope
         )
     if current is None:
         return not_found(info, kind.qualified)
@@ -162,8 +175,9 @@ def status_change_violation(
     """
     devices = _dotted(paths.devices)
     rule = f"a driver may change only its own {devices} entries"
-    opaque = paths.opaque
-    if difference := first_difference(_rest(stored, paths), _rest(proposed, paths), opaque=opaque):
+    opaque, times = paths.opaque, paths.times
+    rest_stored, rest_proposed = _rest(stored, paths), _rest(proposed, paths)
+    if difference := first_difference(rest_stored, rest_proposed, opaque=opaque, times=times):
         return f"{difference} differs from the stored object: {rule}"
     old, new = get_field(stored, paths.devices), get_field(proposed, paths.devices)
     old = [] if old is MISSING or old is None else old
@@ -174,7 +188,10 @@ def status_change_violation(
     others_new = [(j, e) for j, e in enumerate(new) if not _owned(e, paths, driver)]
     for (_, before), (j, after) in zip(others_old, others_new, strict=False):
         where = f"{devices}[{j}]"
-        if found := first_difference(before, after, where, opaque=opaque, keys=paths.devices):
+        found = first_difference(
+            before, after, where, opaque=opaque, times=times, keys=paths.devices
+        )
+        if found:
             return f"{found} differs from the stored object ({_owner(before, paths)}): {rule}"
     if len(others_new) > len(others_old):
         j, entry = others_new[len(others_old)]
@@ -191,6 +208,7 @@ def first_difference(
     prefix: str = "",
     *,
     opaque: tuple[FieldPath, ...] | None = None,
+    times: tuple[FieldPath, ...] = (),
     keys: FieldPath = (),
 ) -> str | None:
     """The first path (in ``stored``'s key order, then ``proposed``'s new keys) where the two
@@ -200,8 +218,11 @@ def first_difference(
     a tuple of opaque paths it is by meaning, as the apiserver stores it, everywhere except
     under those paths (``keys`` is where ``stored`` sits, list indexes left out):
 
-    - a string in the apiserver's canonical time form and a string denoting the same instant
-      at that precision are equal (:func:`same_instant`);
+    - at one of the ``times`` paths (where the apiserver stores a time), a string in the
+      apiserver's canonical time form and a string denoting the same instant at that
+      precision are equal (:func:`same_instant`); every other string is compared exactly,
+      so that a time written into, say, another driver's condition message cannot be
+      re-spelled;
     - a key whose stored value is null and which the proposed object leaves out is unchanged.
 
     Both are what the official Python client does when it re-sends an object it read (it
@@ -223,7 +244,12 @@ def first_difference(
             if key not in stored or key not in proposed:
                 return child
             found = first_difference(
-                stored[key], proposed[key], child, opaque=opaque, keys=(*keys, str(key))
+                stored[key],
+                proposed[key],
+                child,
+                opaque=opaque,
+                times=times,
+                keys=(*keys, str(key)),
             )
             if found:
                 return found
@@ -234,14 +260,14 @@ def first_difference(
             if index >= len(stored) or index >= len(proposed):
                 return child
             found = first_difference(
-                stored[index], proposed[index], child, opaque=opaque, keys=keys
+                stored[index], proposed[index], child, opaque=opaque, times=times, keys=keys
             )
             if found:
                 return found
         return None
     if type(stored) is type(proposed) and stored == proposed:
         return None
-    if not exact and isinstance(stored, str) and isinstance(proposed, str):
+    if not exact and keys in times and isinstance(stored, str) and isinstance(proposed, str):
         return None if same_instant(stored, proposed) else prefix or "the object"
     return prefix or "the object"
 
@@ -262,9 +288,8 @@ def same_instant(stored: str, proposed: str) -> bool:
     ``…:05.123456Z`` for MicroTime) and ``proposed`` parses as an RFC 3339 date-time: the
     apiserver stores a time in UTC at that precision, cutting finer digits (recordings
     186-187: ``2026-12-02T23:30:00.5+02:00`` is stored as ``2026-12-02T21:30:00Z``).
-    Why this is safe where a string is not a time field: ``stored`` already is a canonical
-    UTC time and ``proposed`` names the same instant, so only its spelling changes; opaque
-    data, where the spelling itself is kept, is compared exactly by the caller.
+    Callers apply it only where the apiserver stores a time (the policy's ``times`` paths):
+    elsewhere the apiserver keeps a string as sent, so a re-spelling is a change.
     """
     if _CANONICAL_MICRO.match(stored):
         unit = 1

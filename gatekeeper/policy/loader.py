@@ -68,8 +68,10 @@ ALLOCATION_KEYS = {
     "devices": "devices",
     "deviceDriver": "device_driver",
 }
-# Optional AllocatedToDriver version key: paths (list steps implicit) of opaque JSON.
+# Optional AllocatedToDriver version keys: paths (list steps implicit) of opaque JSON, and of
+# the fields the apiserver stores as times.
 _ALLOCATION_OPAQUE = "opaque"
+_ALLOCATION_TIMES = "times"
 _NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
 _API_VERSION = "gatekeeper.dra.k8s.io/v1alpha1"
 
@@ -363,19 +365,30 @@ def _parse_own_node_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
 
 
 def _parse_allocation_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
-    spec = ctx.mapping(raw, key, {*ALLOCATION_KEYS, _ALLOCATION_OPAQUE})
+    spec = ctx.mapping(raw, key, {*ALLOCATION_KEYS, _ALLOCATION_OPAQUE, _ALLOCATION_TIMES})
     paths: dict[str, FieldPath] = {}
     for name, attribute in ALLOCATION_KEYS.items():
         if name not in spec:
             ctx.fail(join_key(key, name), "is required (a JSON path) by rule AllocatedToDriver")
         paths[attribute] = ctx.path(spec[name], join_key(key, name))
-    where = join_key(key, _ALLOCATION_OPAQUE)
-    opaque = tuple(
-        ctx.path(p, f"{where}[{i}]")
-        for i, p in enumerate(ctx.string_list(spec.get(_ALLOCATION_OPAQUE, []), where))
-    )
-    allocation = AllocationPaths(**paths, opaque=opaque)
+    opaque = _path_list(ctx, key, spec, _ALLOCATION_OPAQUE)
+    times = _path_list(ctx, key, spec, _ALLOCATION_TIMES)
+    for i, time_path in enumerate(times):
+        for under in opaque:
+            if time_path[: len(under)] == under:
+                ctx.fail(
+                    f"{join_key(key, _ALLOCATION_TIMES)}[{i}]",
+                    f"{'.'.join(time_path)} is under opaque path {'.'.join(under)}, which is "
+                    "compared exactly",
+                )
+    allocation = AllocationPaths(**paths, opaque=opaque, times=times)
     return VersionSpec(paths={}, selectors={}, allocation=allocation)
+
+
+def _path_list(ctx: Context, key: str, spec: Mapping[str, Any], name: str) -> tuple[FieldPath, ...]:
+    where = join_key(key, name)
+    listed = ctx.string_list(spec.get(name, []), where)
+    return tuple(ctx.path(p, f"{where}[{i}]") for i, p in enumerate(listed))
 
 
 def _parse_version(

@@ -103,6 +103,10 @@ class AllocationPaths:
     opaque: tuple[FieldPath, ...] = ()
     """Where the apiserver keeps JSON exactly as sent (RawExtension, e.g. ``status.devices.data``;
     a step over a list applies to each item): compared exactly, not by meaning."""
+    times: tuple[FieldPath, ...] = ()
+    """Where the apiserver stores a time (metav1.Time or MicroTime, e.g.
+    ``status.devices.conditions.lastTransitionTime``; list steps implicit): a string there is
+    compared by the instant it denotes. Every other string is compared exactly."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from gatekeeper.testing._dra import (
 from gatekeeper.testing._factories import resource_slice
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._policy import served_kinds
+from gatekeeper.testing._tokens import ISSUER, PODS, SERVICE_ACCOUNTS, TOKEN_KINDS
 from gatekeeper.testing.apiserver import APIServer, JournalEntry, running_api_server
 from gatekeeper.testing.store import Store, StoreEvent
 
@@ -17,8 +18,12 @@ __all__ = [
     "DEVICE_CLASSES",
     "DEVICE_POOLS",
     "DRA_KINDS",
+    "ISSUER",
+    "PODS",
     "RESOURCE_CLAIMS",
     "RESOURCE_SLICES",
+    "SERVICE_ACCOUNTS",
+    "TOKEN_KINDS",
     "APIServer",
     "JournalEntry",
     "ServedKind",

@@ -15,6 +15,8 @@ import contextlib
 import copy
 import hmac
 import ipaddress
+import json
+import re
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -25,18 +27,21 @@ from aiohttp import web
 
 from gatekeeper.status import status_body
 from gatekeeper.testing import _discovery as disc
-from gatekeeper.testing._errors import APIError, path_not_found
+from gatekeeper.testing._errors import APIError, bad_request, path_not_found
 from gatekeeper.testing._handlers import Call, handle_resource, json_response, method_not_allowed
 from gatekeeper.testing._kinds import ServedKind
 from gatekeeper.testing._negotiate import negotiate_discovery, not_acceptable, parse_accept
 from gatekeeper.testing._objects import check_type_meta, metadata_of, prepare_create
 from gatekeeper.testing._routing import resolve_resource_path
+from gatekeeper.testing._tokens import SERVICE_ACCOUNTS, TokenAuthority
 from gatekeeper.testing.store import Store, object_key
 from gatekeeper.types import KubeObject
 
 __all__ = ["APIServer", "JournalEntry", "running_api_server"]
 
 _MAX_BODY = 3 * 1024 * 1024  # the apiserver's request size limit
+_TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+_TOKEN_REQUEST = re.compile(r"/api/v1/namespaces/([^/]+)/serviceaccounts/([^/]+)/token")
 _SERVER_KEY: web.AppKey[APIServer] = web.AppKey("gatekeeper.testing.server")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,6 +108,9 @@ class APIServer:
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self.app.on_response_prepare.append(_add_apiserver_headers)
         self._runner: web.AppRunner | None = None
+        self.tokens = TokenAuthority(lambda: self.store)
+        """Service-account tokens: TokenRequest (when ServiceAccounts and Pods are served,
+        :data:`~gatekeeper.testing._tokens.TOKEN_KINDS`) and TokenReview."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -249,6 +257,9 @@ class APIServer:
     # --- routing -----------------------------------------------------------------------------
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        tokens = await self._token_call(request)
+        if tokens is not None:
+            return tokens
         parts = request.path.split("/")[1:]
         if parts == [""]:
             return _get_only(
@@ -278,6 +289,28 @@ class APIServer:
             self.bookmark_interval,
         )
         return await handle_resource(call)
+
+    async def _token_call(self, request: web.Request) -> web.StreamResponse | None:
+        """TokenReview, and TokenRequest where service accounts are served; None otherwise."""
+        path = request.path
+        if path == _TOKEN_REVIEWS:
+            answer = self.tokens.token_review
+        elif (match := _TOKEN_REQUEST.fullmatch(path)) and self.store.serves(
+            (SERVICE_ACCOUNTS.group, SERVICE_ACCOUNTS.resource)
+        ):
+            namespace, name = match.groups()
+
+            def answer(body: Any) -> KubeObject:
+                return self.tokens.token_request(namespace, name, body)
+        else:
+            return None
+        if request.method != "POST":
+            raise method_not_allowed()
+        try:
+            body = json.loads(await request.read() or b"null")
+        except ValueError as exc:
+            raise bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+        return json_response(answer(body), 201)
 
     def _discovery(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
         accept = request.headers.get("Accept", "")

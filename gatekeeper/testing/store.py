@@ -126,6 +126,10 @@ class Store:
         """Open watchers (tests check that disconnected clients do not leak)."""
         return len(self._watchers)
 
+    def serves(self, resource: ResourceKey) -> bool:
+        """Whether objects of ``resource`` are kept here."""
+        return resource in self._objects
+
     def get(self, resource: ResourceKey, key: ObjectKey) -> KubeObject | None:
         """The stored object (shared: do not mutate), or None."""
         return self._objects[resource].get(key)

@@ -73,3 +73,13 @@ def test_traffic_no_rule_can_express_is_named_not_allowed() -> None:
         "objects holds the driver and node names"
     ) in text
     assert "# No resource traffic could be expressed: this policy does not load." in text
+
+
+def test_claims_keep_their_opaque_and_time_paths() -> None:
+    claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    records = [record("get", f"{claims}/c"), record("update", f"{claims}/c/status")]
+    policy = parse_policy(generate_policy(records, BASE))
+    generated = policy.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation
+    default = BASE.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation
+    assert generated is not None and default is not None
+    assert generated.opaque == default.opaque and generated.times == default.times

@@ -28,6 +28,7 @@ from gatekeeper.testing.harness import (
     seed,
     slice_body,
 )
+from tests.rawhttp import build_request, send_raw
 
 DECISION = "authorization.k8s.io/decision"
 REASON = "authorization.k8s.io/reason"
@@ -88,14 +89,17 @@ async def test_one_event_per_request_with_its_decision(
     assert event["requestReceivedTimestamp"] <= event["stageTimestamp"]
 
 
-async def test_unauthenticated_request_is_one_forbid_event(audited: Audited) -> None:
-    async with audited.tls_session(None) as anonymous:
-        response = await anonymous.get("/version")
+async def test_a_unix_socket_of_no_driver_is_one_forbid_event(audited: Audited) -> None:
+    """A request with no identity (a socket no driver is bound to any more) is refused 401 and
+    audited; over mTLS, no certificate means no HTTP at all (refused at the handshake)."""
+    path = audited.socket_path(GPU)
+    audited.server.gatekeeper.socket_drivers.pop(str(path))
+    response = await send_raw(path, build_request("GET", "/version"))
     assert response.status == 401
     (event,) = await audited.events()
     assert event["user"]["username"] == "system:anonymous"
     assert event["annotations"][DECISION] == "forbid"
-    assert event["auditID"] == response.headers["Audit-Id"]
+    assert event["auditID"] == response.headers["audit-id"]
 
 
 async def test_upstream_unreachable_after_allow(audited: Audited, apiserver: APIServer) -> None:

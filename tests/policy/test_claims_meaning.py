@@ -61,6 +61,7 @@ def test_same_instant(stored: str, proposed: str, same: bool) -> None:
 
 
 OPAQUE = (("status", "devices", "data"),)
+TIMES = (("t",), ("status", "devices", "data", "t"), ("status", "devices", "conditions", "at"))
 
 # (id, stored, proposed, first difference by meaning)
 MEANING = [
@@ -88,6 +89,28 @@ MEANING = [
         "status.devices[0].data.t",
     ),
     (
+        "time-respelled-off-a-time-path",
+        {"m": "2026-12-02T21:14:02Z"},
+        {"m": "2026-12-02T21:14:02+00:00"},
+        "m",
+    ),
+    (
+        "time-respelled-in-a-list-item",
+        {"status": {"devices": [{"conditions": [{"at": "2026-12-02T21:14:02Z"}]}]}},
+        {"status": {"devices": [{"conditions": [{"at": "2026-12-02T23:14:02+02:00"}]}]}},
+        None,
+    ),
+    (
+        "time-beside-a-time-path-respelled",
+        {"status": {"devices": [{"conditions": [{"message": "up since 2026-12-02T21:14:02Z"}]}]}},
+        {
+            "status": {
+                "devices": [{"conditions": [{"message": "up since 2026-12-02T21:14:02+00:00"}]}]
+            }
+        },
+        "status.devices[0].conditions[0].message",
+    ),
+    (
         "beside-opaque-null-left-out",
         {"status": {"devices": [{"conditions": None, "data": {"x": 1}}]}},
         {"status": {"devices": [{"data": {"x": 1}}]}},
@@ -100,7 +123,100 @@ MEANING = [
     ("stored", "proposed", "where"), [c[1:] for c in MEANING], ids=[c[0] for c in MEANING]
 )
 def test_first_difference_by_meaning(stored: Any, proposed: Any, where: str | None) -> None:
-    assert first_difference(stored, proposed, opaque=OPAQUE) == where
+    assert first_difference(stored, proposed, opaque=OPAQUE, times=TIMES) == where
+
+
+def test_the_default_policy_names_the_time_paths_of_every_claim_version() -> None:
+    kind = POLICY.kinds[("resource.k8s.io", "resourceclaims")]
+    for version, spec in kind.versions.items():
+        assert spec.allocation is not None
+        assert ("status", "devices", "conditions", "lastTransitionTime") in spec.allocation.times
+        assert ("metadata", "creationTimestamp") in spec.allocation.times, version
+
+
+CLAIM_WITH_CONDITIONS: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {
+        "name": "rec2-claim-1",
+        "namespace": "default",
+        "resourceVersion": "7",
+        "creationTimestamp": "2026-12-02T21:00:00Z",
+    },
+    "spec": {"devices": {"requests": [{"name": "req"}]}},
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "req", "driver": GPU.driver, "pool": "node-a", "device": "g"},
+                    {
+                        "request": "req",
+                        "driver": "nic.example.com",
+                        "pool": "node-a",
+                        "device": "n",
+                    },
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
+                        ]
+                    }
+                ]
+            },
+        },
+        "devices": [
+            {
+                "driver": "nic.example.com",
+                "pool": "node-a",
+                "device": "n",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "LinkUp",
+                        "message": "link up since 2026-12-02T21:30:00Z",
+                        "lastTransitionTime": "2026-12-02T21:30:00Z",
+                    }
+                ],
+            }
+        ],
+    },
+}
+
+
+def _gpu_write(change: Any) -> Any:
+    stored = copy.deepcopy(CLAIM_WITH_CONDITIONS)
+    sent = copy.deepcopy(stored)
+    sent["status"]["devices"].append(
+        {"driver": GPU.driver, "pool": "node-a", "device": "g", "data": {"uuid": "G"}}
+    )
+    change(sent["status"]["devices"][0]["conditions"][0], sent["metadata"])
+    return decide_offline(ENGINE, GPU, parse_request("PUT", STATUS), sent, stored)
+
+
+def test_another_drivers_condition_message_is_compared_exactly() -> None:
+    """A time written into another driver's condition message is text: re-spelled, it is a
+    change to that driver's entry, refused, even though it denotes the same instant."""
+
+    def respell(condition: dict[str, Any], _: dict[str, Any]) -> None:
+        condition["message"] = "link up since 2026-12-02T21:30:00.000+00:00"
+
+    decision = _gpu_write(respell)
+    assert not decision.allowed
+    assert "status.devices[0].conditions[0].message differs" in decision.message
+    assert 'driver "nic.example.com"' in decision.message
+
+
+def test_times_at_time_paths_may_be_respelled() -> None:
+    def respell(condition: dict[str, Any], metadata: dict[str, Any]) -> None:
+        condition["lastTransitionTime"] = "2026-12-02T23:30:00.000+02:00"
+        metadata["creationTimestamp"] = "2026-12-02T21:00:00+00:00"
+
+    decision = _gpu_write(respell)
+    assert decision.allowed, decision.message
 
 
 def test_exact_comparison_without_opaque_paths() -> None:

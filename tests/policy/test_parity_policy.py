@@ -119,6 +119,29 @@ def test_bad_policy_data_is_refused_at_load(text: str, message: str) -> None:
     assert message in str(raised.value), str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("times", "message"),
+    [
+        ("[status.devices.data.at]", "times[0]: status.devices.data.at is under opaque"),
+        ('["status.devices[0].at"]', "versions.v1.times[0]: bad"),
+        ("status.devices.at", "versions.v1.times: must be a list"),
+    ],
+    ids=["under-opaque", "bad-path", "not-a-list"],
+)
+def test_bad_time_paths_are_refused_at_load(times: str, message: str) -> None:
+    text = HEAD + "kinds:\n" + CLAIM % "[status.devices.data]" + f"        times: {times}\n"
+    with pytest.raises(ConfigError) as raised:
+        parse_policy(text, "p.yaml")
+    assert message in str(raised.value), str(raised.value)
+
+
+def test_time_paths_load() -> None:
+    text = HEAD + "kinds:\n" + CLAIM % "[]" + "        times: [status.devices.conditions.at]\n"
+    allocation = parse_policy(text).kinds[("resource.k8s.io", "resourceclaims")].versions["v1"]
+    assert allocation.allocation is not None
+    assert allocation.allocation.times == (("status", "devices", "conditions", "at"),)
+
+
 def test_opaque_paths_load() -> None:
     policy = parse_policy(HEAD + "kinds:\n" + CLAIM % "[status.devices.data]")
     allocation = policy.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation

@@ -321,6 +321,8 @@ class RealCluster:
             f"--client-ca-file={self.pki.ca_file}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--authorization-mode=Node,RBAC",
+            # DRA kubelet plugins run privileged, as dra-example-driver does.
+            "--allow-privileged=true",
             "--enable-admission-plugins=NodeRestriction",
             "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

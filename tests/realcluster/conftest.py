@@ -22,7 +22,21 @@ from tests.realcluster.processes import GatekeeperProcess, assert_refusals_never
 
 DRIVERS = ("gpu.example.com", "nic.example.com")
 DEFAULT_POLICY = Path(gatekeeper.__file__).parent / "policies" / "default.yaml"
+SERVICE_ACCOUNTS = {
+    "gpu.example.com": "gpu-system/gpu-driver",
+    "nic.example.com": "nic-system/nic-driver",
+}
+"""The drivers' own service accounts, mapped in the tier's policy (the token listener)."""
 _HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def real_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged default policy with the drivers' service accounts mapped."""
+    path = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    mapping = "".join(f"  {driver}: [{account}]\n" for driver, account in SERVICE_ACCOUNTS.items())
+    path.write_text(DEFAULT_POLICY.read_text() + "\nserviceAccounts:\n" + mapping)
+    return path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,23 +56,26 @@ def binaries() -> Binaries:
 
 
 @pytest.fixture(scope="session")
-def real_cluster(binaries: Binaries) -> Iterator[RealCluster]:
+def real_cluster(binaries: Binaries, real_policy: Path) -> Iterator[RealCluster]:
     cluster = RealCluster.start(binaries)
     try:
-        bootstrap(cluster, DEFAULT_POLICY, DRIVERS)
+        bootstrap(cluster, real_policy, DRIVERS)
         yield cluster
     finally:
         cluster.stop()
 
 
 @pytest.fixture(scope="session")
-def real_gatekeeper(real_cluster: RealCluster) -> Iterator[GatekeeperProcess]:
+def real_gatekeeper(real_cluster: RealCluster, real_policy: Path) -> Iterator[GatekeeperProcess]:
     """The gatekeeper of node-a, with its service account's token bound to its pod there (as
-    the DaemonSet's projected token is), and the default policy with both drivers."""
+    the DaemonSet's projected token is), the default policy with both drivers and their
+    service accounts, and all three listeners (sockets, mTLS, tokens)."""
     token, _ = bound_token(real_cluster, GATEKEEPER_NS, GATEKEEPER_SA, "node-a")
     token_file = real_cluster.workdir / "gatekeeper.token"
     token_file.write_text(token)
-    process = GatekeeperProcess(real_cluster, DEFAULT_POLICY, DRIVERS, token_file).start()
+    process = GatekeeperProcess(
+        real_cluster, real_policy, DRIVERS, token_file, listen_token=True
+    ).start()
     try:
         yield process
     finally:

@@ -5,12 +5,19 @@ scheduler would)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from tests.realcluster.cluster import NODES, Api, ApiError, RealCluster, poll
 
@@ -23,6 +30,8 @@ __all__ = [
     "create_claim",
     "ensure",
     "rbac_objects",
+    "signed_token",
+    "token_claims",
 ]
 
 GATEKEEPER_NS = "dra-gatekeeper"
@@ -258,3 +267,47 @@ def allocate_claim(
     }
     ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
     return dict(admin.call("PUT", f"{CLAIMS.format(ns=ns)}/{name}/status", body))
+
+
+def signed_token(cluster: RealCluster, claims: dict[str, Any]) -> str:
+    """A token signed with the cluster's service-account key, as the recorder made the expired
+    and legacy tokens (recordings 247, 249): TokenRequest issues neither."""
+    key = serialization.load_pem_private_key((cluster.workdir / "sa.key").read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing_input = ".".join(
+        b64(json.dumps(part, separators=(",", ":")).encode())
+        for part in ({"alg": "ES256", "typ": "JWT"}, claims)
+    )
+    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+def token_claims(
+    cluster: RealCluster, namespace: str, service_account: str, pod: dict[str, Any], **changes: Any
+) -> dict[str, Any]:
+    """The claims TokenRequest writes for a token of ``service_account`` bound to ``pod``."""
+    account = cluster.admin.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}")
+    node_name = pod["spec"]["nodeName"]
+    node = cluster.admin.get(f"/api/v1/nodes/{node_name}")
+    now = int(time.time())
+    claims = {
+        "aud": ["https://kubernetes.default.svc.cluster.local"],
+        "exp": now + 3600,
+        "iat": now,
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "jti": str(uuid.uuid4()),
+        "kubernetes.io": {
+            "namespace": namespace,
+            "node": {"name": node_name, "uid": node["metadata"]["uid"]},
+            "pod": {"name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]},
+            "serviceaccount": {"name": service_account, "uid": account["metadata"]["uid"]},
+        },
+        "nbf": now,
+        "sub": f"system:serviceaccount:{namespace}:{service_account}",
+    }
+    claims.update(changes)
+    return claims

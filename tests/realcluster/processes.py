@@ -24,7 +24,14 @@ import yaml
 from gatekeeper.testing.harness import PKI
 from tests.realcluster.cluster import Api, RealCluster, free_port, poll, remove_workdir
 
-__all__ = ["DriverProcess", "GatekeeperProcess", "assert_refusals_never_reached"]
+__all__ = [
+    "DriverProcess",
+    "GatekeeperProcess",
+    "assert_refusals_never_reached",
+    "in_cluster_env",
+    "in_pod",
+    "service_account_volume",
+]
 
 
 @dataclass
@@ -37,6 +44,8 @@ class GatekeeperProcess:
     token_file: Path
     node: str = "node-a"
     extra_args: tuple[str, ...] = ()
+    listen_token: bool = False
+    """Also the token listener (drivers' service-account tokens, TokenReview)."""
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gk-serve-")))
     process: subprocess.Popen[bytes] | None = None
 
@@ -45,6 +54,7 @@ class GatekeeperProcess:
         self.socket_dir = self.workdir / "sockets"
         self.audit_log = self.workdir / "audit.log"
         self.tls_port = free_port()
+        self.token_port = free_port()
         self.health_port = free_port()
         self.kubeconfig = self.cluster.kubeconfig(
             self.workdir / "upstream.kubeconfig", token_file=self.token_file
@@ -69,6 +79,7 @@ class GatekeeperProcess:
             "--audit-level", "RequestResponse",
             "--health-listen", f"127.0.0.1:{self.health_port}",
             *[arg for driver in self.drivers for arg in ("--driver", driver)],
+            *(("--listen-token", f"127.0.0.1:{self.token_port}") if self.listen_token else ()),
             *self.extra_args,
         ]  # fmt: skip
         log = open(self.workdir / "serve.log", "wb")  # noqa: SIM115 - lives as long as it
@@ -301,3 +312,34 @@ class DriverProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_IN_POD = (
+    # A private mount namespace in which the service-account volume is where in-cluster
+    # clients read it (/var/run is /run): the client's code and paths stay unchanged.
+    "mount -t tmpfs tmpfs /run && mkdir -p /run/secrets/kubernetes.io/serviceaccount && "
+    'mount --bind "$0" /run/secrets/kubernetes.io/serviceaccount && exec "$@"'
+)
+
+
+def service_account_volume(directory: Path, token: str, ca_file: str, namespace: str) -> Path:
+    """What a pod's projected service-account volume holds: token, ca.crt, namespace."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(token)
+    (directory / "ca.crt").write_bytes(Path(ca_file).read_bytes())
+    (directory / "namespace").write_text(namespace)
+    return directory
+
+
+def in_pod(volume: Path) -> list[str]:
+    """The prefix that runs a command as in a pod whose service-account volume is ``volume``
+    (needs root for the mount namespace, as CI has)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_POD, str(volume)]
+
+
+def in_cluster_env(gatekeeper: GatekeeperProcess) -> dict[str, str]:
+    """The environment a driver pod gets to reach the gatekeeper's token listener in-cluster."""
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(gatekeeper.token_port),
+    }

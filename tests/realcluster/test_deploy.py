@@ -79,3 +79,21 @@ def test_example_is_accepted(
     assert sorted((o["kind"], o["metadata"]["name"]) for o in items) == sorted(
         (d["kind"], d["metadata"]["name"]) for d in documents
     )
+
+
+def test_the_token_driver_example_is_accepted(
+    admin_kubectl: Kubectl, real_cluster: RealCluster
+) -> None:
+    """The driver behind the gatekeeper (env and volume changes only) is a valid DaemonSet."""
+    example = DEPLOY / "examples" / "token-driver"
+    built = [
+        d for d in yaml.safe_load_all(admin_kubectl.run("kustomize", str(example)).stdout) if d
+    ]
+    namespace = next(d for d in built if d["kind"] == "Namespace")
+    ensure(real_cluster.admin, "/api/v1/namespaces", namespace)
+    items = _dry_run(admin_kubectl, "-k", str(example))
+    daemonset = next(o for o in items if o["kind"] == "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    projected = next(v for v in spec["volumes"] if v["name"] == "gatekeeper-serviceaccount")
+    assert projected["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
