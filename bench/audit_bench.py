@@ -24,15 +24,16 @@ from typing import Any
 
 import aiohttp
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel, AuditSink, JsonLinesWriter, NullSink
-from gatekeeper.audit.check import check_records
-from gatekeeper.audit.reader import ReadStats, iter_events, iter_records
-from gatekeeper.audit.summarize import summarize
-from gatekeeper.config import AuditSettings, ServeConfig
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.audit.tools.check import check_records
+from gatekeeper.audit.tools.reader import ReadStats, iter_events, iter_records
+from gatekeeper.audit.tools.summarize import summarize
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import load_policy
-from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.server.config import AuditSettings, ServeConfig
+from gatekeeper.server.server import GatekeeperServer, socket_path
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 GPU, NIC, NODE, TOKEN = "gpu.example.com", "nic.example.com", "node-a", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -38,8 +38,9 @@ from typing import Any
 
 import aiohttp
 
+from gatekeeper.apiserver import APIServer, resource_slice
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import load_policy
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.testing.harness import free_port, token_kubeconfig, wait_ready
 
 NODE, GPU, NIC, TOKEN = "node-a", "gpu.example.com", "nic.example.com", "bench-token"
@@ -95,7 +96,7 @@ def _fixed_process(claims: int, out: Any) -> None:
     watches held open): the gatekeeper's own work is what is measured, not the upstream's."""
     from aiohttp import web
 
-    from gatekeeper.runtime import loop_factory
+    from gatekeeper.server.runtime import loop_factory
 
     items = [claim(index, NIC, f"node-{index % 50 + 1:02d}") for index in range(claims - 1)]
     items.append(claim(claims - 1, GPU, NODE))

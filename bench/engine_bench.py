@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.fixtures import DRIVER, NODE, PINNED_QUERY, SLICES, item_slice, slice_body
-from gatekeeper.identity import Identity
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.decision import Decision
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 
 __all__ = ["CASES", "EngineResult", "measure_engine"]
 

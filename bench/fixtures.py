@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.testing import resource_slice
+from gatekeeper.apiserver import resource_slice
+from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.testing.harness import free_port
 
 __all__ = [

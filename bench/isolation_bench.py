@@ -33,8 +33,9 @@ from typing import Any
 
 import aiohttp
 
+from gatekeeper.apiserver import APIServer, resource_slice
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import load_policy
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.testing.harness import SERVE, free_port, token_kubeconfig, wait_ready
 
 NODE, GPU, NIC, TOKEN = "node-a", "gpu.example.com", "nic.example.com", "bench-token"

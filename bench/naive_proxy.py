@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.fixtures import serve_tls
-from gatekeeper.runtime import loop_factory
+from gatekeeper.server.runtime import loop_factory
 
 __all__ = ["main"]
 

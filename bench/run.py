@@ -1,4 +1,4 @@
-"""The side-by-side benchmark, one command (issue 13; DESIGN §5):
+"""The side-by-side benchmark, one command (DESIGN §5):
 
     python bench/run.py [--smoke] [--duration S] [--reps N] [--concurrency 1,16,64]
                         [--workloads get,create,update,list] [--json FILE]

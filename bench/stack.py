@@ -227,7 +227,7 @@ def start_python_upstream(
 
 
 # The benchmark drives one driver far past what a real driver does (64 connections, 1,000
-# watches): where `serve` has per-driver budgets (issue 10), they are raised for the run.
+# watches): where `serve` has per-driver budgets, they are raised for the run.
 _LIMIT_FLAGS = {
     "--max-requests-per-driver": "4096",
     "--max-watches-per-driver": "4096",

@@ -28,7 +28,7 @@ from pathlib import Path
 from aiohttp import web
 
 from bench.fixtures import NODE, SLICES, item_slice, list_document, serve_tls
-from gatekeeper.runtime import loop_factory
+from gatekeeper.server.runtime import loop_factory
 
 __all__ = ["build_app", "main"]
 

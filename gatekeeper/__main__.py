@@ -1,6 +1,6 @@
 """`python -m gatekeeper` runs the command line."""
 
-from gatekeeper.cli import main
+from gatekeeper.cli.main import main
 
 __all__: list[str] = []
 

@@ -7,7 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Identity", "JSONValue", "KubeObject"]
+__all__ = ["DRIVERS_GROUP", "NODE_NAME_EXTRA", "Identity", "JSONValue", "KubeObject"]
+
+DRIVERS_GROUP = "dra-gatekeeper:drivers"
+"""The group of every identified driver (audit ``user.groups``)."""
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+"""The node a pod-bound service-account token names (KEP-4193), in its TokenReview's extra and
+in the audit event's ``user.extra``."""
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded JSON. The gatekeeper never compiles in API types."""

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gatekeeper.apiserver import APIServer
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import Policy, load_policy
-from gatekeeper.testing import APIServer, served_kinds
 from gatekeeper.testing.harness import (
     GPU,
     KUBECTL,

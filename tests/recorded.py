@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.testing._json import deep
+from gatekeeper.apiserver._json import deep
 
 __all__ = ["RECORDINGS", "all_recordings", "number_of", "parse", "recording", "recording_path"]
 

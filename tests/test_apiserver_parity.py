@@ -3,7 +3,7 @@
 Through a running gatekeeper in front of the embedded API server (faithful to recordings
 148-205): delete options, deletecollection bodies, server-side apply (kubectl), reads of the
 node's own Node, a get answered from the object checked, and 405 for a POST to a named path.
-Each test names the recording it follows and fails on the gatekeeper before issue 9.
+Each test names the recording it follows and fails on a gatekeeper that does not follow it.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 import yaml
 
-from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     NODE_TOKEN,
     PKI,
+    InterleavedUpstream,
     Kubectl,
     Running,
     running_gatekeeper,
     slice_manifest,
 )
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 from tests.recorded import recording
 
 GROUP = "resource.k8s.io"
@@ -182,18 +182,19 @@ async def test_an_apply_create_of_a_kind_without_immutable_owners_is_a_create(
     assert [(m, p) for m, p, _ in upstream_writes(apiserver)] == [("POST", POOLS)]
 
 
-class _CreatesInBetween(UpstreamSession):
-    """Another driver creates ``obj`` right after the gatekeeper's read of the name."""
+class _CreatesInBetween(InterleavedUpstream):
+    """Another driver creates ``obj`` right after the gatekeeper's read of the name (when the
+    read found nothing)."""
 
     def __init__(self, apiserver: APIServer, obj: dict[str, Any]) -> None:
-        super().__init__(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+        config = UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)
+        super().__init__(config, after_read=self._after)
         self.apiserver, self.obj = apiserver, obj
 
-    async def fetch(self, path: str) -> Any:
-        current = await super().fetch(path)
-        if current is None:
+    def _after(self, path: str) -> None:
+        group, resource = self.obj["apiVersion"].rpartition("/")[0], path.split("/")[-2]
+        if self.apiserver.get(group, resource, self.obj["metadata"]["name"]) is None:
             self.apiserver.add(self.obj)
-        return current
 
 
 async def test_the_apply_create_race_stays_closed_for_both_kinds(
@@ -247,20 +248,20 @@ async def test_a_driver_reads_its_own_node_and_nothing_else(
 # --- 7: a get answered from the object checked -------------------------------------------------
 
 
-class _ReplacesAfterRead(UpstreamSession):
+class _ReplacesAfterRead(InterleavedUpstream):
     """Another driver deletes the object and creates its own under the name, right after the
     gatekeeper's read of it."""
 
     def __init__(self, apiserver: APIServer) -> None:
-        super().__init__(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+        config = UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)
+        super().__init__(config, after_read=self._after)
         self.apiserver = apiserver
 
-    async def fetch(self, path: str) -> Any:
-        current = await super().fetch(path)
+    def _after(self, path: str) -> None:
+        current = self.apiserver.get(GROUP, "resourceslices", NAME)
         if current is not None and current["spec"]["driver"] == GPU:
             self.apiserver.store.delete((GROUP, "resourceslices"), ("", NAME))
             self.apiserver.add(slice_manifest(NAME, driver=NIC))
-        return current
 
 
 async def test_a_plain_json_get_is_answered_from_the_object_checked(

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Running, write_kubeconfig
 
 GROUP = "resource.k8s.io"

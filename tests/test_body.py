@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.body import APPLY_YAML, MAX_BODY_BYTES, decode_body, decode_json, read_limited
 from gatekeeper.errors import Refusal
+from gatekeeper.request.body import (
+    APPLY_YAML,
+    MAX_BODY_BYTES,
+    decode_body,
+    decode_json,
+    read_limited,
+)
 
 MERGE = "application/merge-patch+json"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.body import MAX_BODY_DEPTH, decode_body, read_limited
 from gatekeeper.errors import Refusal
+from gatekeeper.request.body import MAX_BODY_DEPTH, decode_body, read_limited
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"

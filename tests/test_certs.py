@@ -1,4 +1,4 @@
-"""Tests for gatekeeper.certs: the throwaway PKI and the `certs` subcommand."""
+"""Tests for gatekeeper.cli.certs: the throwaway PKI and the `certs` subcommand."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, Store
 
-from gatekeeper import certs
-from gatekeeper.certs import (
+from gatekeeper.cli import certs
+from gatekeeper.cli.certs import (
     IssuedCert,
     certificate_expiry,
     create_ca,
@@ -27,7 +27,7 @@ from gatekeeper.certs import (
     write_pem,
 )
 from gatekeeper.errors import ConfigError
-from gatekeeper.identity import client_cert_common_name
+from gatekeeper.listen.identity import client_cert_common_name
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gatekeeper.cli import build_parser
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
+from gatekeeper.cli.main import build_parser
 from gatekeeper.testing.harness import (
     GPU,
     SERVE,
@@ -180,7 +180,7 @@ async def test_version_and_help() -> None:
 def test_readme_table_lists_every_serve_flag() -> None:
     import argparse
 
-    from gatekeeper.cli import build_parser
+    from gatekeeper.cli.main import build_parser
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     table = readme[readme.index("| flag | meaning |") :]

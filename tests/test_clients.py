@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 
 from gatekeeper.audit import AuditLevel
-from gatekeeper.config import (
+from gatekeeper.errors import ConfigError
+from gatekeeper.listen.tls import ServerTLS
+from gatekeeper.policy import load_policy
+from gatekeeper.server.config import (
     AuditSettings,
     ServeConfig,
     build_serve_config,
     check_socket_dir,
     parse_host_port,
 )
-from gatekeeper.errors import ConfigError
-from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.policy import load_policy
 from gatekeeper.testing.harness import GPU, PKI
-from gatekeeper.tls import ServerTLS
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 
 def _flags(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gatekeeper.capacity import UNAUTHENTICATED
+from gatekeeper.apiserver import APIServer
 from gatekeeper.limits import Limits
+from gatekeeper.listen.capacity import UNAUTHENTICATED
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gatekeeper.apiserver import APIServer, resource_slice
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer, resource_slice
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gatekeeper import scoped
 from gatekeeper.audit import AuditLevel
-from gatekeeper.config import AuditSettings
 from gatekeeper.policy import Policy
-from gatekeeper.scoped import DROPPED_ANNOTATION
+from gatekeeper.proxy import scoped
+from gatekeeper.proxy.scoped import DROPPED_ANNOTATION
+from gatekeeper.server.config import AuditSettings
 from gatekeeper.testing.harness import GPU, NODE, PKI, RecordingSink, running_gatekeeper
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatekeeper.testing import resource_slice
+from gatekeeper.apiserver import resource_slice
 from gatekeeper.testing.harness import GPU, KUBECTL, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gatekeeper.cli.rbac import render_cluster_role
 from gatekeeper.policy import load_policy
-from gatekeeper.rbac import render_cluster_role
 from gatekeeper.testing.harness import KUBECTL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +219,7 @@ def test_daemonset_volumes_policy_sockets_and_rotated_audit() -> None:
 
 
 def test_daemonset_args_are_accepted_by_serve() -> None:
-    from gatekeeper.cli import build_parser
+    from gatekeeper.cli.main import build_parser
 
     ns = build_parser().parse_args(gatekeeper_container()["args"])
     assert ns.command == "serve" and ns.audit_log_maxsize == 100

@@ -9,11 +9,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gatekeeper.certs import issue_client_cert, write_pem
-from gatekeeper.expiry import CertificateExpiry
-from gatekeeper.metrics import Metrics
+from gatekeeper.apiserver import APIServer
+from gatekeeper.cli.certs import issue_client_cert, write_pem
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer
+from gatekeeper.server.expiry import CertificateExpiry
+from gatekeeper.server.metrics import Metrics
 from gatekeeper.testing.harness import GPU, PKI, metric_value, running_gatekeeper
 
 DAY = 86400.0

@@ -21,9 +21,9 @@ MODULES = sorted(
 # Public names not exported, with why. Loggers are exempt by shape (``x = logging.getLogger``).
 NOT_EXPORTED: dict[str, set[str]] = {
     # Modules of the embedded API server, whose own change names them: to be renamed there.
-    "gatekeeper.testing._managed": {"Path"},
-    "gatekeeper.testing._render": {"Cell"},
-    "gatekeeper.testing._typed": {"OPAQUE_PARAMETERS_MAX"},
+    "gatekeeper.apiserver._managed": {"Path"},
+    "gatekeeper.apiserver._render": {"Cell"},
+    "gatekeeper.apiserver._typed": {"OPAQUE_PARAMETERS_MAX"},
 }
 
 
@@ -73,9 +73,8 @@ def _declared(name: str, tree: ast.Module) -> list[str]:
 
 
 def test_every_module_is_found() -> None:
-    assert {"gatekeeper.proxy", "gatekeeper.policy.plan", "gatekeeper.testing.harness"} <= set(
-        MODULES
-    )
+    expected = {"gatekeeper.proxy.pipeline", "gatekeeper.policy.plan", "gatekeeper.testing.harness"}
+    assert expected <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

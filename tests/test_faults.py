@@ -13,10 +13,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import JsonLinesWriter
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy, load_policy
-from gatekeeper.testing import APIServer, served_kinds
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
@@ -24,6 +25,7 @@ from gatekeeper.testing.harness import (
     NODE_TOKEN,
     PKI,
     free_port,
+    metric_value,
     running_gatekeeper,
 )
 
@@ -200,6 +202,11 @@ async def test_deleted_policy_file_keeps_the_last_good_policy(
         assert gk.server.engine.policy.drivers == frozenset({GPU})
         code, _ = await status_of(gpu, SLICES, **PINNED)
         assert code == 200
+        # The refused reload is counted: a reload that silently kept nothing would not be.
+        text = gk.server.metrics.render().decode()
+        refused = {"file": "policy", "result": "error"}
+        assert metric_value(text, "dra_gatekeeper_reloads_total", **refused) == 1
+        assert metric_value(text, "dra_gatekeeper_reloads_total", file="policy", result="ok") == 0
 
 
 async def test_unwritable_audit_log_refuses_requests_rather_than_serve_them_unaudited(

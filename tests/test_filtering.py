@@ -13,18 +13,18 @@ from urllib.parse import parse_qs, quote
 import aiohttp
 import pytest
 
-from gatekeeper import filtering, paging
+from gatekeeper.apiserver import APIServer
+from gatekeeper.apiserver._list import encode_continue
 from gatekeeper.errors import UpstreamError
-from gatekeeper.filtering import scoped_chunks
-from gatekeeper.kubeconfig import UpstreamConfig
 from gatekeeper.policy import Decision
-from gatekeeper.requestinfo import parse_request
-from gatekeeper.scoped import WatchFilter
+from gatekeeper.proxy import filtering, paging
+from gatekeeper.proxy.filtering import scoped_chunks
+from gatekeeper.proxy.scoped import WatchFilter
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.status import status_body
-from gatekeeper.testing import APIServer
-from gatekeeper.testing._list import encode_continue
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from gatekeeper.upstream.session import UpstreamSession
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"

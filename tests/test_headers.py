@@ -6,7 +6,7 @@ import pytest
 from multidict import CIMultiDict
 
 from gatekeeper.errors import Refusal
-from gatekeeper.headers import forwarded_request_headers, response_headers, screen_request
+from gatekeeper.request.headers import forwarded_request_headers, response_headers, screen_request
 
 REFUSED = [
     ("impersonate-user", "GET", {"Impersonate-User": "admin"}, "header Impersonate-User is not"),

@@ -1,11 +1,11 @@
 """Which ``Accept`` headers a plain JSON object answers (a get is then answered from the object
-the gatekeeper read and checked, issue 9 item 7)."""
+the gatekeeper read and checked: a second read could return another object)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gatekeeper.headers import accepts_plain_json
+from gatekeeper.request.headers import accepts_plain_json
 
 CASES = [
     ("absent", "", True),

@@ -11,10 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gatekeeper.certs import create_ca, issue_client_cert, write_pem
-from gatekeeper.config import AuditSettings
+from gatekeeper.apiserver import APIServer, resource_slice
+from gatekeeper.cli.certs import create_ca, issue_client_cert, write_pem
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.server.config import AuditSettings
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -15,19 +15,14 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.config import server_ssl_context
 from gatekeeper.errors import Refusal
-from gatekeeper.identity import (
-    NODE_NAME_EXTRA,
-    Identity,
-    bearer_token,
-    identify,
-    token_identity,
-)
+from gatekeeper.listen.identity import NODE_NAME_EXTRA, Identity, identify
 from gatekeeper.policy import load_policy
 from gatekeeper.policy.model import UnboundTokens
+from gatekeeper.proxy.tokens import bearer_token, token_identity
+from gatekeeper.server.config import server_ssl_context
 from gatekeeper.testing.harness import GPU, PKI
-from gatekeeper.tokenreview import ReviewOutcome
+from gatekeeper.upstream.tokenreview import ReviewOutcome
 
 Outcome = Identity | Refusal
 

@@ -10,16 +10,19 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
     NODE,
     PKI,
+    MockResponse,
+    MockUpstream,
     RecordingSink,
     Running,
+    UpstreamCall,
     running_gatekeeper,
     seed,
 )
@@ -150,12 +153,11 @@ async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_f
     text/plain; the event keeps the decision reached (allow) and names the error."""
     sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
-        upstream = gk.server.gatekeeper.upstream
-
-        def broken(*args: object, **kwargs: object) -> None:
+        def broken(call: UpstreamCall) -> MockResponse:
             raise RuntimeError("a bug")
 
-        upstream.stream = broken  # type: ignore[method-assign]
+        # A pinned list reads nothing first: the forward is the upstream's one call.
+        gk.server.gatekeeper.upstream = MockUpstream(broken)
         async with gk.unix_session(GPU) as gpu, gpu.get(SLICES, params=pinned(GPU)) as answer:
             assert answer.status == 500
             assert answer.headers["Content-Type"].startswith("application/json")

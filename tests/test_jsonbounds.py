@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatekeeper.jsonbounds import TOO_DEEP, finite_float, parse_bounded, within_depth
+from gatekeeper.codec.jsonbounds import TOO_DEEP, finite_float, parse_bounded, within_depth
 
 _SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 _VALUES = st.recursive(

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatekeeper.jsonbounds import TOO_DEEP, parse_bounded
-from gatekeeper.jsonstream import ListReader, ValueTooLarge
+from gatekeeper.codec.jsonbounds import TOO_DEEP, parse_bounded
+from gatekeeper.codec.jsonstream import ListReader, ValueTooLarge
 
 
 def read(document: bytes, cuts: list[int], max_value: int = 1 << 20) -> tuple[list[Any], Any]:

@@ -1,4 +1,4 @@
-"""Tests for gatekeeper.kubeconfig: loading upstream credentials, TLS, token rotation."""
+"""Tests for gatekeeper.upstream.kubeconfig: loading upstream credentials, TLS, token rotation."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from gatekeeper import kubeconfig
-from gatekeeper.certs import (
+from gatekeeper.cli.certs import (
     IssuedCert,
     create_ca,
     issue_client_cert,
@@ -24,8 +23,9 @@ from gatekeeper.certs import (
     write_pem,
 )
 from gatekeeper.errors import ConfigError
-from gatekeeper.identity import client_cert_common_name
-from gatekeeper.kubeconfig import (
+from gatekeeper.listen.identity import client_cert_common_name
+from gatekeeper.upstream import kubeconfig
+from gatekeeper.upstream.kubeconfig import (
     TokenSource,
     UpstreamConfig,
     build_ssl_context,
@@ -434,34 +434,34 @@ def test_static_token_and_none() -> None:
     assert TokenSource(UpstreamConfig(server="https://h")).token() is None
 
 
-def test_token_file_rotation(tmp_path: Path) -> None:
+def test_token_file_rotation_is_read_only_on_reload(tmp_path: Path) -> None:
+    """The token is read when the source is made and on reload (the reloader's call when the
+    file changed), never when a request asks for it."""
     path = tmp_path / "token"
     path.write_text("one\n")
-    clock = _Clock()
-    source = TokenSource(
-        UpstreamConfig(server="https://h", token_file=str(path)), reload_seconds=60, clock=clock
-    )
+    source = TokenSource(UpstreamConfig(server="https://h", token_file=str(path)))
     assert source.token() == "one"
     path.write_text("two\n")
-    clock.now += 59
-    assert source.token() == "one"  # not yet due
-    clock.now += 1
+    assert source.token() == "one"  # no file read on the request path
+    source.reload()
     assert source.token() == "two"
     assert source.last_error is None
 
     path.unlink()
-    clock.now += 60
+    with pytest.raises(ConfigError):
+        source.reload()
     assert source.token() == "two"  # last good token kept
     assert source.last_error is not None and str(path) in source.last_error
     assert "two" not in source.last_error
 
     path.write_text("   \n")  # empty: also keeps the last good one
-    clock.now += 60
+    with pytest.raises(ConfigError):
+        source.reload()
     assert source.token() == "two"
     assert "empty" in (source.last_error or "")
 
     path.write_text("three")
-    clock.now += 60
+    source.reload()
     assert source.token() == "three"
     assert source.last_error is None
 

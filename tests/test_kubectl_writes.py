@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import NIC, Kubectl, slice_manifest
 
 pytestmark = pytest.mark.kubectl

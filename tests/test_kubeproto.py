@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gatekeeper.kubeproto import (
+from gatekeeper.codec.kubeproto import (
     MAGIC,
     ProtobufError,
     delete_options,

@@ -17,13 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gatekeeper.config import ServeConfig
+from gatekeeper.apiserver import APIServer
 from gatekeeper.errors import ConfigError
-from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.listeners import SocketListeners
+from gatekeeper.listen.listeners import SocketListeners
 from gatekeeper.policy import Policy
-from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing import APIServer
+from gatekeeper.server.config import ServeConfig
+from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
@@ -34,6 +33,7 @@ from gatekeeper.testing.harness import (
     token_kubeconfig,
     wait_ready,
 )
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 
 @asynccontextmanager

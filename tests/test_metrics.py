@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import NullSink
-from gatekeeper.metrics import MeteredSink, Metrics
 from gatekeeper.policy import load_policy
 from gatekeeper.policy.claims import CONTINUE_REFUSED
-from gatekeeper.rules import RULES, rule_of
-from gatekeeper.testing import APIServer
+from gatekeeper.server.metrics import MeteredSink, Metrics
+from gatekeeper.server.rules import RULES, rule_of
 from gatekeeper.testing.harness import (
     GPU,
     SLICES,

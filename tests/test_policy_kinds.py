@@ -14,9 +14,10 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
-from gatekeeper.jsonpath import get_field, parse_field_path, set_field
+from gatekeeper.apiserver import APIServer
+from gatekeeper.cli.served import served_kinds
+from gatekeeper.codec.jsonpath import get_field, parse_field_path, set_field
 from gatekeeper.policy import Policy, load_policy
-from gatekeeper.testing import APIServer, served_kinds
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
 
 POLICY = """\
@@ -235,7 +236,7 @@ async def test_a_kind_the_code_never_heard_of(custom: Stack) -> None:
 async def test_devicepools_in_the_default_policy(default: Stack) -> None:
     await check_full_enforcement(default, POOLS)
     generated = POOLS.obj("x")
-    # Strict pool names (issue 10): "node-a-<random>" may be another node's name, and a
+    # Strict pool names: "node-a-<random>" may be another node's name, and a
     # DevicePool's name is its pool, so the default policy names a pool after its node only.
     generated["metadata"] = {"generateName": "node-a-"}
     async with default.gatekeeper.unix_session(GPU) as gpu:

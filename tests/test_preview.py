@@ -8,16 +8,17 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.apiserver import APIServer
 from gatekeeper.policy import Engine, Policy
+from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.patching import STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.preview import run_preview
-from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import APIServer
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN, SLICES, seed
 from gatekeeper.types import Identity
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from gatekeeper.upstream.previews import run_preview
+from gatekeeper.upstream.session import UpstreamSession
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def planned_preview(policy: Policy, patch: dict[str, Any], current: dict[str, An
     info = parse_request("PATCH", f"{SLICES}/node-a-gpu-0")
     plan = Engine(policy, NODE).plan(Identity(GPU, "unix"), info, STRATEGIC_MERGE)
     assert isinstance(plan, Plan)
-    preview = plan.preview(patch, current)
+    preview = preview_of(plan, patch, current)
     assert preview is not None
     return preview
 

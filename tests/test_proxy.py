@@ -11,9 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.apiserver import APIServer
 from gatekeeper.policy.decision import REJECTED_PREVIEW
-from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
@@ -21,6 +20,7 @@ from gatekeeper.testing.harness import (
     NODE_TOKEN,
     PINNED,
     SLICES,
+    InterleavedUpstream,
     RecordingSink,
     Running,
     raw_request,
@@ -28,7 +28,8 @@ from gatekeeper.testing.harness import (
     seed,
     slice_body,
 )
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from gatekeeper.upstream.session import UpstreamSession
 
 
 def driver_requests(apiserver: APIServer, since: int) -> list[tuple[str, str]]:
@@ -378,7 +379,7 @@ async def test_certificate_from_another_ca_fails_the_handshake(
 ) -> None:
     import ssl
 
-    from gatekeeper.certs import create_ca, issue_client_cert, write_pem
+    from gatekeeper.cli.certs import create_ca, issue_client_cert, write_pem
 
     rogue = issue_client_cert(create_ca("rogue"), GPU)
     write_pem(tmp_path / "c.crt", rogue.cert_pem)
@@ -500,15 +501,13 @@ async def test_a_patch_preview_the_apiserver_rejects_is_answered_as_it_said(
     driver as it was given, and the event is an allowed request the apiserver refused."""
     seed(apiserver)
 
-    class ChangesAfterTheFetch(UpstreamSession):
-        async def fetch(self, path: str) -> Any:
-            current = await super().fetch(path)
-            apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", "node-a-gpu-0"))
-            seed(apiserver)
-            return current
+    def change(path: str) -> None:
+        apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", "node-a-gpu-0"))
+        seed(apiserver)
 
     sink = RecordingSink()
-    upstream = ChangesAfterTheFetch(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+    config = UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)
+    upstream = InterleavedUpstream(config, after_read=change)
     async with (
         running_gatekeeper(apiserver, policy, pki, upstream=upstream, audit_sink=sink) as running,
         running.unix_session(GPU) as session,

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Kubectl, Running
 from tests.recorded import recording, recording_path
 

@@ -17,9 +17,10 @@ import aiohttp
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from gatekeeper.apiserver import APIServer, resource_slice
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import Policy
 from gatekeeper.policy.ownership import pool_name_ok
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gatekeeper.cli.rbac import cluster_role, run_policy_command
 from gatekeeper.policy import load_policy, parse_policy
-from gatekeeper.rbac import cluster_role, run_policy_command
 
 WIDGETS = """
 apiVersion: gatekeeper.dra.k8s.io/v1alpha1

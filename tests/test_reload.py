@@ -16,11 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.apiserver import APIServer, resource_slice
+from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.cli.served import served_kinds
+from gatekeeper.listen.tls import TLSFiles
 from gatekeeper.policy import Policy, load_policy
-from gatekeeper.server import GatekeeperServer, run_until_signal
-from gatekeeper.testing import APIServer, resource_slice, served_kinds
+from gatekeeper.server.server import GatekeeperServer, run_until_signal
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
@@ -31,7 +32,7 @@ from gatekeeper.testing.harness import (
     running_gatekeeper,
     serve_config,
 )
-from gatekeeper.tls import TLSFiles
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
@@ -279,7 +280,7 @@ async def test_serving_cert_and_client_ca_reload(
     for suffix in ("crt", "key"):
         (files / f"server.{suffix}").write_bytes((files / f"old-server.{suffix}").read_bytes())
     (files / "ca.crt").write_bytes((files / "old-ca.crt").read_bytes())
-    from gatekeeper.tls import ServerTLS
+    from gatekeeper.listen.tls import ServerTLS
 
     async with running_gatekeeper(
         apiserver, policy, pki, listen_tls=ServerTLS.load(live)
@@ -317,7 +318,7 @@ async def test_certificate_close_to_expiry_is_logged_and_exported(
     caplog.set_level(logging.WARNING, logger="gatekeeper.reload")
     short = issue_server_cert(pki.ca, days=2)
     _write_pair(tmp_path, "short", short.cert_pem, short.key_pem)
-    from gatekeeper.tls import ServerTLS
+    from gatekeeper.listen.tls import ServerTLS
 
     tls = ServerTLS.load(
         TLSFiles(str(tmp_path / "short.crt"), str(tmp_path / "short.key"), pki.path("ca.crt"))

@@ -1,4 +1,4 @@
-"""Tests for gatekeeper.requestinfo: the canonical request parser (DESIGN §4.5)."""
+"""Tests for gatekeeper.request.requestinfo: the canonical request parser (DESIGN §4.5)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from gatekeeper import requestinfo
 from gatekeeper.errors import Refusal
-from gatekeeper.requestinfo import ALLOWED_QUERY_PARAMETERS, RequestInfo, parse_request
+from gatekeeper.request import requestinfo
+from gatekeeper.request.requestinfo import ALLOWED_QUERY_PARAMETERS, RequestInfo, parse_request
 
 RS = "/apis/resource.k8s.io/v1"
 SL = f"{RS}/resourceslices"

@@ -1,7 +1,7 @@
 """Property tests of the request parser against an independent model of the kube-apiserver's
 RequestInfo resolver (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go, written here from
-its source, not from gatekeeper/requestinfo.py): whatever the gatekeeper accepts, it reads as
-the apiserver will; whatever it cannot read the same way, it refuses with 400 or 403.
+its source, not from gatekeeper/request/requestinfo.py): whatever the gatekeeper accepts, it reads
+as the apiserver will; whatever it cannot read the same way, it refuses with 400 or 403.
 
 Hypothesis profiles: ``ci`` (default, a few seconds) and ``long``; README "Property tests".
 """
@@ -15,7 +15,7 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 from gatekeeper.errors import Refusal
-from gatekeeper.requestinfo import RequestInfo, parse_request
+from gatekeeper.request.requestinfo import RequestInfo, parse_request
 
 # --- the model -------------------------------------------------------------------------------
 

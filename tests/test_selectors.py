@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gatekeeper import selectors
-from gatekeeper.selectors import (
+from gatekeeper.codec import selectors
+from gatekeeper.codec.selectors import (
     FieldRequirement,
     LabelRequirement,
     format_field_selector,

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from gatekeeper import __version__
-from gatekeeper.cli import build_parser
+from gatekeeper.apiserver import APIServer
+from gatekeeper.cli.main import build_parser
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy
-from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing import APIServer
+from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

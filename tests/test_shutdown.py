@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.apiserver import APIServer, resource_slice
 from gatekeeper.testing.harness import GPU, NODE, SERVE, free_port, token_kubeconfig, wait_ready
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

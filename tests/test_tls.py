@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.listen.tls import ServerTLS, TLSFiles, file_identity
 from gatekeeper.testing.harness import PKI
-from gatekeeper.tls import ServerTLS, TLSFiles, file_identity
 
 
 def files(pki: PKI, **overrides: str) -> TLSFiles:

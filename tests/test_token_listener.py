@@ -21,9 +21,10 @@ from kubernetes.config.incluster_config import (
     InClusterConfigLoader,
 )
 
-from gatekeeper.config import token_ssl_context
+from gatekeeper.apiserver import TOKEN_KINDS, APIServer
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import Policy
-from gatekeeper.testing import TOKEN_KINDS, APIServer, served_kinds
+from gatekeeper.server.config import token_ssl_context
 from gatekeeper.testing.harness import (
     GPU,
     NODE,

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gatekeeper.errors import UpstreamError
-from gatekeeper.upstream import read_json_object
+from gatekeeper.upstream.session import read_json_object
 
 
 class Chunks:

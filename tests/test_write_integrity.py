@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.kubeconfig import UpstreamConfig
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NIC,
@@ -22,13 +21,14 @@ from gatekeeper.testing.harness import (
     NODE_TOKEN,
     PKI,
     SLICES,
+    InterleavedUpstream,
     Running,
     raw_request,
     running_gatekeeper,
     seed,
     slice_body,
 )
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -171,7 +171,7 @@ async def test_apply_on_a_missing_slice_is_forwarded_as_the_apply(
     gatekeeper: Running, apiserver: APIServer
 ) -> None:
     """ResourceSlice driver, node and pool are immutable (policy ``immutable``): the apply is
-    forwarded as sent, so its fields belong to an Apply manager (issue 9 item 3). A kind
+    forwarded as sent, so its fields belong to an Apply manager. A kind
     without that guarantee gets a create: tests/test_apiserver_parity.py."""
     status, body = await send_patch(gatekeeper, APPLY, slice_body(name=NAME), query=APPLY_QUERY)
     assert status == 201, body
@@ -192,13 +192,10 @@ async def test_apply_create_cannot_land_on_an_object_created_in_between(
 ) -> None:
     """Someone else creates the name between the gatekeeper's fetch (404) and its forward."""
 
-    class CreatesInBetween(UpstreamSession):
-        async def fetch(self, path: str) -> Any:
-            current = await super().fetch(path)
-            seed(apiserver, name=NAME, driver=NIC)
-            return current
-
-    upstream = CreatesInBetween(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+    config = UpstreamConfig(server=apiserver.url, token=NODE_TOKEN)
+    upstream = InterleavedUpstream(
+        config, after_read=lambda path: seed(apiserver, name=NAME, driver=NIC)
+    )
     async with running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running:
         status, body = await send_patch(running, APPLY, slice_body(name=NAME), query=APPLY_QUERY)
     # The apply lands on the other driver's slice; the apiserver refuses to change its driver.
@@ -349,20 +346,23 @@ def remove(apiserver: APIServer) -> None:
         apiserver.store.delete(("resource.k8s.io", "resourceslices"), ("", NAME))
 
 
-class FlipsOwnership(UpstreamSession):
-    """The real upstream, plus another actor who replaces the object right after the fetch:
-    it is deleted and re-created by the NIC driver under the same name."""
+class FlipsOwnership(InterleavedUpstream):
+    """The real upstream, plus another actor who replaces the object after the fetch, at once
+    (``delay`` 0: before the gatekeeper goes on) or ``delay`` seconds later: it is deleted and
+    re-created by the NIC driver under the same name."""
 
     def __init__(self, apiserver: APIServer, delay: float | None) -> None:
-        super().__init__(UpstreamConfig(server=apiserver.url, token=NODE_TOKEN))
+        super().__init__(
+            UpstreamConfig(server=apiserver.url, token=NODE_TOKEN), after_read=self._after
+        )
         self.apiserver = apiserver
         self.delay = delay
 
-    async def fetch(self, path: str) -> Any:
-        current = await super().fetch(path)
-        if self.delay is not None:
+    def _after(self, path: str) -> None:
+        if self.delay == 0:
+            self.flip()
+        elif self.delay is not None:
             asyncio.get_running_loop().call_later(self.delay, self.flip)
-        return current
 
     def flip(self) -> None:
         remove(self.apiserver)
@@ -408,16 +408,7 @@ async def test_ownership_flip_between_fetch_and_forward_is_a_conflict(
     seed(apiserver, name=NAME)
     upstream = FlipsOwnership(apiserver, delay=0)
     async with running_gatekeeper(apiserver, policy, pki, upstream=upstream) as running:
-        original_fetch = upstream.fetch
-
-        async def fetch_then_flip(path: str) -> Any:
-            current = await UpstreamSession.fetch(upstream, path)
-            upstream.flip()
-            return current
-
-        upstream.fetch = fetch_then_flip  # type: ignore[method-assign]
         status = await driver_write(running, method, media_type)
-        upstream.fetch = original_fetch  # type: ignore[method-assign]
     # The apiserver answers a failed JSON-patch `test` op with 422, other stale writes with 409.
     assert status == (422 if media_type == JSON_PATCH else 409)
     obj = apiserver.get("resource.k8s.io", "resourceslices", NAME)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gatekeeper.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
+from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
 
 __all__ = ["MAX_CAPTURED_RESPONSE", "ResponseCapture"]
 

@@ -8,12 +8,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from gatekeeper.encoded import EncodedBody
-from gatekeeper.flow import Flow
-from gatekeeper.identity import DRIVERS_GROUP, NODE_NAME_EXTRA
+from gatekeeper.audit.flow import Flow
 from gatekeeper.policy.encoded import DECODED_BY_UPSTREAM
-from gatekeeper.requestinfo import RequestInfo
-from gatekeeper.types import KubeObject
+from gatekeeper.request.encoded import EncodedBody
+from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, KubeObject
 
 __all__ = [
     "CLIENT_AUDIT_ID_ANNOTATION",

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from gatekeeper.codec.jsonpath import FieldPath, parse_field_path
 from gatekeeper.errors import ConfigError
-from gatekeeper.jsonpath import FieldPath, parse_field_path
 
 __all__ = ["Context", "join_key", "parse_enum"]
 

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.jsonpath import MISSING, FieldPath, get_field, is_field_name
+from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, is_field_name
 from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
 from gatekeeper.policy.integrity import body_shape, patch_result, pinned_update
 from gatekeeper.policy.model import AllocationPaths, KindSpec
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.plan import Preview
-from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
 __all__ = [

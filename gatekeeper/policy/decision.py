@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
 __all__ = [

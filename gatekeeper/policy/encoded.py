@@ -3,7 +3,7 @@
 The plan asks for a dry run of the driver's exact bytes (``dryRun=All``, answered in JSON),
 pinned to the fetched resourceVersion for an update; the decision is the one a JSON body equal
 to that answer would get; the same bytes are what is forwarded. No API type is involved: the
-pin is a wire-format edit of meta/v1 ObjectMeta (:mod:`gatekeeper.kubeproto`).
+pin is a wire-format edit of meta/v1 ObjectMeta (:mod:`gatekeeper.codec.kubeproto`).
 """
 
 from __future__ import annotations
@@ -11,17 +11,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gatekeeper.encoded import PROTOBUF, EncodedBody, encoding_name
-from gatekeeper.kubeproto import ProtobufError, with_resource_version
+from gatekeeper.codec.kubeproto import ProtobufError, with_resource_version
 from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, answered, deny, forbid
 from gatekeeper.policy.integrity import stale_conflict, stored_resource_version
 from gatekeeper.policy.model import Field, KindSpec
+from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.request.encoded import PROTOBUF, EncodedBody, encoding_name
 from gatekeeper.types import KubeObject
-
-if TYPE_CHECKING:
-    from gatekeeper.policy.plan import Plan, Preview
 
 __all__ = ["DECODED_BY_UPSTREAM", "decide_encoded", "encoded_preview", "unaccepted_encoding"]
 
@@ -53,8 +51,6 @@ def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -
     """The dry run that decodes ``body``: a create as it is; an update only of a stored object
     the caller may touch, pinned to its resourceVersion (a body asking for another version is
     refused as stale without asking)."""
-    from gatekeeper.policy.plan import Preview
-
     if _envelope_mismatch(plan, body):
         return None
     if plan.info.verb == "create":

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gatekeeper.encoded import EncodedBody
-from gatekeeper.jsonpath import get_field
+from gatekeeper.codec.jsonpath import get_field
+from gatekeeper.codec.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
 from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
 from gatekeeper.policy.encoded import decide_encoded, unaccepted_encoding
@@ -42,8 +42,8 @@ from gatekeeper.policy.ownership import (
 from gatekeeper.policy.ownnode import decide_own_node
 from gatekeeper.policy.patching import APPLY
 from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.requestinfo import RequestInfo
-from gatekeeper.selectors import FieldRequirement, format_field_selector, parse_field_selector
+from gatekeeper.request.encoded import EncodedBody
+from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.status import status_body
 from gatekeeper.types import Identity, KubeObject
 
@@ -117,21 +117,22 @@ class Engine:
         """Decide a planned request.
 
         ``current`` is the object read at ``plan.fetch`` (None if absent); ``proposed`` the
-        :meth:`Plan.preview` of a strategic-merge or apply patch, or of a body only the
-        apiserver decodes, with the upstream's answer (without one, a patch's result is
-        approximated by a merge patch).
+        preview (:func:`~gatekeeper.policy.conversation.preview_of`) of a strategic-merge or
+        apply patch, or of a body only the apiserver decodes, with the upstream's answer
+        (without one, a patch's result is approximated by a merge patch).
         """
         if isinstance(body, EncodedBody):
             return decide_encoded(self.decide, plan, body, current, proposed)
         info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         media_type = plan.media_type
-        if plan.scope is not None:
+        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
+            scope = self._scope(driver, version)
             return decide_allocated(
-                plan.scope, info, kind, body, current, media_type=media_type, proposed=proposed
+                scope, info, kind, body, current, media_type=media_type, proposed=proposed
             )
         if info.verb == "deletecollection" and body is not None:
             # The client's DeleteOptions (dry run, preconditions, propagation) go upstream as
-            # sent, once known to be DeleteOptions (issue 9 item 2; recordings 163-166).
+            # sent, once known to be DeleteOptions (recordings 163-166).
             options = checked_delete_options(info, kind, body)
             if isinstance(options, Decision):
                 return options
@@ -149,7 +150,7 @@ class Engine:
             return forbid(driver, info, problem)
         if info.verb == "get" and plan.answer_from_fetch:
             # The object checked is the answer: a second read could return another object
-            # (deleted and re-created by someone else in between) unchecked (issue 9 item 7).
+            # (deleted and re-created by someone else in between) unchecked.
             return answered(ANSWERED_FROM_READ, 200, current)
         if info.verb == "get":
             return allow("stored object belongs to the driver on this node", info)
@@ -303,7 +304,7 @@ class Engine:
             # existing object (policy ``immutable``; recordings 171-173): then an apply landing
             # on an object created in between fails there (409 conflict or 422 immutable), and
             # forwarding the apply keeps its field ownership (Apply, not Update), so the next
-            # apply with changed values succeeds (issue 9 item 3).
+            # apply with changed values succeeds, as it would without the gatekeeper.
             return allow(
                 "applied object is created for the driver on this node",
                 info,

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gatekeeper.jsonpath import get_field
+from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, allow, answered, deny
 from gatekeeper.policy.model import KindSpec
 from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
-from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.policy.plan import Preview
+from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
-
-if TYPE_CHECKING:
-    from gatekeeper.policy.plan import Preview
 
 __all__ = [
     "DELETE_OPTION_FIELDS",

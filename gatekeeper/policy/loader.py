@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
+from gatekeeper.codec.jsonpath import FieldPath
 from gatekeeper.errors import ConfigError
-from gatekeeper.jsonpath import FieldPath
 from gatekeeper.names import is_dns_label, is_dns_subdomain, is_driver_name
 from gatekeeper.policy._context import Context, join_key, parse_enum
 from gatekeeper.policy.model import (

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from gatekeeper.jsonpath import FieldPath
+from gatekeeper.codec.jsonpath import FieldPath
 
 __all__ = [
     "ALLOCATED_VERBS",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 
-from gatekeeper.jsonpath import MISSING, FieldPath, get_field, set_field
+from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, set_field
+from gatekeeper.codec.selectors import FieldRequirement
 from gatekeeper.policy.model import STRICT_POOL_SEPARATORS, Field, KindSpec, VersionSpec
-from gatekeeper.selectors import FieldRequirement
 from gatekeeper.types import KubeObject
 
 __all__ = ["collection_pool_violation", "fill_missing", "ownership_violation", "pool_name_ok"]

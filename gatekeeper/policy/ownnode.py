@@ -1,11 +1,11 @@
 """Rule OwnNode, purely: a driver reads the one object named after this node (DESIGN §4.3,
-issue 9 item 6). The kind (core/v1 ``nodes`` in the default policy) is policy data."""
+its publisher reads the Node). The kind (core/v1 ``nodes`` in the default policy) is policy data."""
 
 from __future__ import annotations
 
 from gatekeeper.policy.decision import Decision, allow, forbid
 from gatekeeper.policy.model import OWN_NODE_VERBS, KindSpec
-from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.request.requestinfo import RequestInfo
 
 __all__ = ["decide_own_node"]
 

@@ -1,27 +1,22 @@
-"""The engine's first answer about a request it cannot settle alone: what to read first.
+"""The values of the engine's conversation: the :class:`Plan` of what to read first, and the
+:class:`Preview` of a write whose result the apiserver computes.
 
-:meth:`Engine.plan <gatekeeper.policy.engine.Engine.plan>` screens the request once (caller,
-kind, version, shape) and returns a :class:`Plan`; the driver of the conversation (the proxy,
-``audit check``, ``dra-gatekeeper test``) reads ``fetch``, asks for the :class:`Preview` a patch
-needs, and hands both answers to :meth:`Engine.decide <gatekeeper.policy.engine.Engine.decide>`.
+A leaf of the policy package: the logic modules (claims, integrity, encoded) and the
+conversation (:mod:`gatekeeper.policy.conversation`) import these values; they import none of
+that logic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gatekeeper.encoded import EncodedBody
-from gatekeeper.policy.encoded import encoded_preview
-from gatekeeper.policy.integrity import stored_resource_version
 from gatekeeper.policy.model import KindSpec, VersionSpec
 from gatekeeper.policy.ownership import ownership_violation
-from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE, PatchError, pin_patch
-from gatekeeper.requestinfo import RequestInfo
+from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE
+from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import Identity, KubeObject
-
-if TYPE_CHECKING:
-    from gatekeeper.policy.claims import AllocationScope
 
 __all__ = ["PREVIEWED", "Plan", "Preview"]
 
@@ -78,8 +73,9 @@ class Plan:
     node_name: str
     fetch: str | None
     """The path of the stored object to read first; None when nothing is read."""
-    scope: AllocationScope | None = None
-    """For a kind scoped by allocation (DESIGN §4.3): what the caller may see."""
+    scope: Callable[[KubeObject], bool] | None = None
+    """For a kind scoped by allocation (DESIGN §4.3): whether the caller may see a stored
+    object."""
     answer_from_fetch: bool = False
     """A plain-JSON get of a NodeLocal object: answered with the object read at ``fetch``."""
 
@@ -90,27 +86,9 @@ class Plan:
     @property
     def previews(self) -> bool:
         """Whether the patch's result is asked of the upstream (a strategic-merge or apply
-        patch of a stored object the caller may touch: see :meth:`preview`)."""
+        patch of a stored object the caller may touch: see
+        :func:`~gatekeeper.policy.conversation.preview_of`)."""
         return self.info.verb == "patch" and self.media_type in PREVIEWED
-
-    def preview(self, body: Any, current: KubeObject | None) -> Preview | None:
-        """The dry-run request a strategic-merge or apply patch of ``current``, or a body only
-        the apiserver decodes, needs; or None.
-
-        Only for a stored object the caller may touch: nothing about another driver's object
-        is asked of the apiserver. A patch that cannot be pinned is refused by ``decide``.
-        """
-        if isinstance(body, EncodedBody):
-            return encoded_preview(self, body, current)
-        if not self.previews or current is None:
-            return None
-        if not isinstance(body, dict) or not self.owns(current):
-            return None
-        try:
-            pinned = pin_patch(self.media_type, body, stored_resource_version(current))
-        except PatchError:
-            return None
-        return Preview(self.info, pinned, self.media_type)
 
     def owns(self, stored: KubeObject) -> bool:
         """Whether the stored object is the caller's on this node (in its scope)."""

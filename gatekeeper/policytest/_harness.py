@@ -1,9 +1,10 @@
 """One test file's world: the embedded API server, a real gatekeeper in front of it, and one
 Unix socket per driver; each case runs against a freshly reset store.
 
-The request goes through the gatekeeper's real pipeline (``proxy.handle``) over a real Unix
-socket listener; what it decided comes from its own audit event, and what the upstream received
-from the embedded API server's journal (the entry carrying the request's Audit-ID).
+The request goes through the gatekeeper's real pipeline (:mod:`gatekeeper.proxy.pipeline`) over
+a real Unix socket listener; what it decided comes from its own audit event, and what the
+upstream received from the embedded API server's journal (the entry carrying the request's
+Audit-ID).
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import aiohttp
 import yarl
 from aiohttp import web
 
+from gatekeeper.apiserver import APIServer, JournalEntry, Store
 from gatekeeper.audit import AuditLevel
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.cli.served import served_kinds
+from gatekeeper.listen.connections import GuardedRunner
 from gatekeeper.policy import Engine
 from gatekeeper.policytest._model import MalformedTest, TestCase, TestFile
-from gatekeeper.proxy import Gatekeeper, build_app
-from gatekeeper.server import socket_path
-from gatekeeper.testing import APIServer, JournalEntry, Store, served_kinds
-from gatekeeper.upstream import UpstreamSession
+from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.server.server import socket_path
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from gatekeeper.upstream.session import UpstreamSession
 
 __all__ = ["Forwarded", "Harness", "Outcome"]
 
@@ -124,7 +127,7 @@ class Harness:
         self._drivers = sorted(d for d in drivers if d != "*")
         self.apiserver = APIServer(served_kinds(test_file.policy), token=_TOKEN)
         self._sink = _MemorySink()
-        self._runner: web.AppRunner | None = None
+        self._runner: GuardedRunner | None = None
         self._upstream: UpstreamSession | None = None
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._socket_dir = Path(tempfile.mkdtemp(prefix="gk-test-"))
@@ -153,9 +156,7 @@ class Harness:
             audit=self._sink,
             audit_level=AuditLevel.METADATA,
         )
-        self._runner = web.AppRunner(
-            build_app(gatekeeper), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
-        )
+        self._runner = GuardedRunner(gatekeeper, shutdown_timeout=1.0)
         await self._runner.setup()
         for driver in self._drivers:
             # Every driver a case names gets its socket, as if the operator had given each one a

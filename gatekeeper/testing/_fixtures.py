@@ -1,8 +1,8 @@
 """A gatekeeper running for a test: throwaway PKI, a fresh socket directory, drivers' sessions.
 
 What the project's own tests share, shipped so that operators' tests can do the same: start a
-real :class:`~gatekeeper.server.GatekeeperServer` in front of an embedded API server and talk to
-it as a driver would (Unix socket, mTLS, or raw bytes).
+real :class:`~gatekeeper.server.server.GatekeeperServer` in front of an embedded API server and
+talk to it as a driver would (Unix socket, mTLS, or raw bytes).
 """
 
 from __future__ import annotations
@@ -20,16 +20,22 @@ from typing import Any
 
 import aiohttp
 
+from gatekeeper.apiserver._factories import resource_slice
+from gatekeeper.apiserver.server import APIServer
 from gatekeeper.audit import AuditSink
-from gatekeeper.certs import IssuedCert, create_ca, issue_client_cert, issue_server_cert, write_pem
-from gatekeeper.config import ServeConfig, server_ssl_context
-from gatekeeper.kubeconfig import UpstreamConfig
+from gatekeeper.cli.certs import (
+    IssuedCert,
+    create_ca,
+    issue_client_cert,
+    issue_server_cert,
+    write_pem,
+)
 from gatekeeper.policy import Policy
-from gatekeeper.server import GatekeeperServer, socket_path
-from gatekeeper.testing._factories import resource_slice
-from gatekeeper.testing.apiserver import APIServer
+from gatekeeper.server.config import ServeConfig, server_ssl_context
+from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.types import KubeObject
-from gatekeeper.upstream import Upstream
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from gatekeeper.upstream.session import Upstream
 
 __all__ = [
     "GPU",
@@ -167,7 +173,7 @@ def serve_config(
 ) -> ServeConfig:
     """The tests' serve configuration: the embedded API server upstream, sockets and mTLS.
 
-    ``options`` override any :class:`~gatekeeper.config.ServeConfig` field.
+    ``options`` override any :class:`~gatekeeper.server.config.ServeConfig` field.
     """
     settings: dict[str, Any] = {
         "node_name": NODE,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from gatekeeper.testing._factories import resource_slice
+from gatekeeper.apiserver._factories import resource_slice
 from gatekeeper.testing._fixtures import GPU, NODE, Running
 from gatekeeper.types import KubeObject
 

@@ -33,6 +33,12 @@ from gatekeeper.testing._kubectl import (
 )
 from gatekeeper.testing._metrics import metric_samples, metric_value
 from gatekeeper.testing._process import SERVE, free_port, run_process, token_kubeconfig, wait_ready
+from gatekeeper.testing._upstream import (
+    InterleavedUpstream,
+    MockResponse,
+    MockUpstream,
+    UpstreamCall,
+)
 
 __all__ = [
     "GPU",
@@ -46,9 +52,13 @@ __all__ = [
     "SERVE",
     "SLICES",
     "Audited",
+    "InterleavedUpstream",
     "Kubectl",
+    "MockResponse",
+    "MockUpstream",
     "RecordingSink",
     "Running",
+    "UpstreamCall",
     "decide_offline",
     "free_port",
     "metric_samples",

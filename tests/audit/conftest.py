@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel
-from gatekeeper.config import AuditSettings
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.policy import Policy
-from gatekeeper.testing import APIServer
+from gatekeeper.server.config import AuditSettings
 from gatekeeper.testing.harness import PKI, Audited, running_gatekeeper
 
 

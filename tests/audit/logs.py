@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
 from gatekeeper.testing.harness import GPU, NIC, NODE, PINNED, SLICES, Audited, seed, slice_body
 
 __all__ = ["SA_GPU", "SA_NIC", "apiserver_event", "record_run", "write_apiserver_log"]

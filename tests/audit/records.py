@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gatekeeper.audit.reader import Record
+from gatekeeper.audit.tools.reader import Record
 from gatekeeper.testing.harness import GPU, NODE
 
 __all__ = ["record"]

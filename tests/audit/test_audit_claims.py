@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gatekeeper.audit.cli import run_audit_command
+from gatekeeper.audit.tools.cli import run_audit_command
 from gatekeeper.policy import load_policy
 
 

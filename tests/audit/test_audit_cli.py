@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.audit.cli import EXIT_EMPTY, run_audit_command
+from gatekeeper.apiserver import APIServer
+from gatekeeper.audit.tools.cli import EXIT_EMPTY, run_audit_command
 from gatekeeper.policy import load_policy
-from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import GPU, NIC, Audited
 from tests.audit.logs import SA_GPU, SA_NIC, apiserver_event, record_run, write_apiserver_log
 

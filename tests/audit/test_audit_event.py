@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from gatekeeper.audit import AuditLevel, build_event, client_audit_id
-from gatekeeper.flow import Flow
-from gatekeeper.identity import Identity
+from gatekeeper.audit.flow import Flow
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy.decision import deny
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 
 GPU = "gpu.example.com"
 

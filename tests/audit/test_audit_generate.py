@@ -6,9 +6,9 @@ from typing import Any
 
 import yaml
 
-from gatekeeper.audit.generate import generate_policy
+from gatekeeper.audit.tools.generate import generate_policy
 from gatekeeper.policy import Engine, KindRule, ListSelectorMode, load_policy, parse_policy
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE, PINNED, SLICES, decide_offline, slice_body
 from gatekeeper.types import Identity
 from tests.audit.records import record

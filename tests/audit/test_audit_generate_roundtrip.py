@@ -23,13 +23,14 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel
-from gatekeeper.audit.cli import run_audit_command
-from gatekeeper.audit.reader import DRIVERS_GROUP
-from gatekeeper.config import AuditSettings
+from gatekeeper.audit.tools.cli import run_audit_command
+from gatekeeper.audit.tools.reader import DRIVERS_GROUP
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import KindRule, KindSpec, Policy, Scope, load_policy
 from gatekeeper.policy.model import Field
-from gatekeeper.testing import APIServer, served_kinds
+from gatekeeper.server.config import AuditSettings
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

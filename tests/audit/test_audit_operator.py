@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.audit.cli import run_audit_command
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
+from gatekeeper.audit.tools.cli import run_audit_command
 from gatekeeper.testing.harness import GPU, NODE, Audited
 from tests.audit.logs import SA_GPU, apiserver_event, record_run, write_apiserver_log
 

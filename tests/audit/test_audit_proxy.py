@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel
 from gatekeeper.limits import Limits
 from gatekeeper.policy import Policy, parse_policy
-from gatekeeper.testing import APIServer
 from gatekeeper.testing.harness import (
     GPU,
     NODE,
@@ -211,7 +211,7 @@ FORWARDED = "dra-gatekeeper.io/forwarded"
 async def test_what_was_forwarded_is_annotated_when_it_differs(audited: Audited) -> None:
     """An apply of a missing object of a kind whose ownership fields may change (DevicePool)
     is sent as a create: the event says so (and a plain create, forwarded as sent, carries no
-    such annotation). A ResourceSlice apply-create is forwarded as the apply (issue 9)."""
+    such annotation). A ResourceSlice apply-create is forwarded as the apply (owners immutable)."""
     pools = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
     apply = json.dumps(
         {

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gatekeeper.audit.reader import ReadStats
-from gatekeeper.audit.summarize import format_table, summarize
-from gatekeeper.testing import APIServer
+from gatekeeper.apiserver import APIServer
+from gatekeeper.audit.tools.reader import ReadStats
+from gatekeeper.audit.tools.summarize import format_table, summarize
 from gatekeeper.testing.harness import GPU, NIC, SLICES, Audited, seed
 
 

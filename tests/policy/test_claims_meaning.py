@@ -1,4 +1,4 @@
-"""Claim status writes compared by what the apiserver stores, not as text (issue 9, item 5):
+"""Claim status writes compared by what the apiserver stores, not as text:
 times by instant, null as absent, opaque data exactly; and the official Python client's
 re-send of a claim it read passes."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from gatekeeper.identity import Identity
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.claims import first_difference, same_instant, status_change_violation
 from gatekeeper.policy.patching import MERGE_PATCH
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
 from tests.recorded import recording
 

@@ -1,5 +1,5 @@
 """Delete options, purely: the client's options (query or body) carried into the body the
-gatekeeper sends with its preconditions, and DeleteOptions bodies checked (issue 9, items 1-2)."""
+gatekeeper sends with its preconditions, and DeleteOptions bodies checked (recordings 149-166)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from gatekeeper.policy import load_policy
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.integrity import checked_delete_options, delete_options, pin_delete
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 
 SLICES = load_policy(None).kinds[("resource.k8s.io", "resourceslices")]
 PATH = "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu"

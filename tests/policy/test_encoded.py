@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
+from gatekeeper.codec.kubeproto import read_envelope
 from gatekeeper.errors import Refusal
-from gatekeeper.identity import Identity
-from gatekeeper.kubeproto import read_envelope
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Decision, Engine, load_policy
+from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.model import Field
 from gatekeeper.policy.plan import Plan
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
+from gatekeeper.request.requestinfo import parse_request
 from tests.test_kubeproto import META, SPEC, body, field
 
 NODE = "node-a"
@@ -64,7 +65,7 @@ def run(
     if isinstance(plan, Decision):
         return plan, None
     assert isinstance(plan, Plan)
-    preview = plan.preview(payload, current)
+    preview = preview_of(plan, payload, current)
     proposed = preview.answered(*answer) if preview is not None and answer else None
     return ENGINE.decide(plan, payload, current, proposed), preview
 
@@ -135,7 +136,7 @@ def test_fill_is_not_applied_to_encoded_bodies() -> None:
     plan = engine.plan(GPU, parse_request("POST", SLICES), PROTOBUF)
     assert isinstance(plan, Plan)
     payload = encoded()
-    preview = plan.preview(payload, None)
+    preview = preview_of(plan, payload, None)
     assert preview is not None
     unfilled = slice_json(driver="")
     decision = engine.decide(plan, payload, None, preview.answered(201, stored(unfilled)))

@@ -19,7 +19,7 @@ from gatekeeper.policy.integrity import (
 )
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Preview
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 
 SLICES = load_policy(None).kinds[("resource.k8s.io", "resourceslices")]
 URL = "/apis/resource.k8s.io/v1/resourceslices/s1"

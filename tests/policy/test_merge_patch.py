@@ -136,7 +136,7 @@ def test_a_merge_patch_that_is_not_an_object_is_400(patch: Any) -> None:
 
 
 def test_rfc7386_would_keep_the_null_the_apiserver_drops() -> None:
-    """The difference issue 9 found: a plain RFC 7386 merge stores {"vlan": null, "mtu": 9000}
+    """The difference the recordings show: a plain RFC 7386 merge stores {"vlan": null, "mtu": 9000}
     for a list item; the apiserver stores {"mtu": 9000}."""
     stored = {"status": {"devices": [{"data": {"mtu": 9000}}]}}
     patch = {"status": {"devices": [{"data": {"vlan": None, "mtu": 9000}}]}}

@@ -23,7 +23,7 @@ POOL_V1 = POOLS.versions["v1alpha1"]
     ("pool", "ok"),
     [
         ("node-a", True),
-        ("node-a-gpus", False),  # issue 10: node "node-a-gpus" may exist; "-" is opt-in
+        ("node-a-gpus", False),  # node "node-a-gpus" may exist; "-" is opt-in
         ("node-a/gpus", True),
         ("node-a-", False),
         ("node-a/", False),

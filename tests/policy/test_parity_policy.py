@@ -1,5 +1,5 @@
-"""Policy data for issue 9: per-version ``immutable`` ownership fields, rule OwnNode (the node's
-own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong, decided."""
+"""Policy data as the apiserver has it: per-version ``immutable`` ownership fields, rule OwnNode
+(the node's own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong, decided."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.identity import Identity
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
 from gatekeeper.policy.model import Field
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 HEAD = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"

@@ -47,7 +47,7 @@ def test_merge_patch_is_rfc7386(target: Any, patch: Any, result: Any) -> None:
 
 
 # RFC 7386 A's patches that are not objects: the apiserver (evanphx/json-patch v4
-# MergePatch) answers 400 "Invalid JSON Patch" instead (issue 9; tests/policy/test_merge_patch.py
+# MergePatch) answers 400 "Invalid JSON Patch" instead (tests/policy/test_merge_patch.py
 # has the apiserver's own semantics).
 NOT_OBJECTS = [
     (["a", "b"], ["c", "d"]),

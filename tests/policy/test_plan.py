@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.apiserver import resource_slice
 from gatekeeper.policy import Decision, Engine, load_policy
+from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.requestinfo import parse_request
-from gatekeeper.testing import resource_slice
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE
 from gatekeeper.types import Identity
 
@@ -61,7 +62,7 @@ def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
     patch = {"metadata": {"labels": {"a": "b"}}}
     planned = plan("PATCH", SLICE, media_type)
     assert planned.previews
-    preview = planned.preview(patch, stored())
+    preview = preview_of(planned, patch, stored())
     assert preview is not None
     assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
     assert preview.media_type == media_type
@@ -87,7 +88,7 @@ def test_no_preview_where_none_is_needed_or_allowed(
 ) -> None:
     planned = plan("PATCH", SLICE, media_type)
     assert planned.previews is (media_type == STRATEGIC_MERGE)
-    assert planned.preview(patch, current) is None
+    assert preview_of(planned, patch, current) is None
 
 
 def test_a_preview_carries_the_upstreams_answer() -> None:

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.identity import Identity
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.claims import first_difference
+from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH
 from gatekeeper.policy.plan import Plan
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
 NODE = "node-a"
@@ -380,8 +381,8 @@ def test_strategic_merge_decides_on_the_upstream_preview() -> None:
     assert decision.allowed, decision.message
     plan = ENGINE.plan(GPU, request, "application/strategic-merge-patch+json")
     assert isinstance(plan, Plan)
-    assert plan.preview(patch, STORED) is not None
-    assert plan.preview(patch, claim(NIC.driver)) is None
+    assert preview_of(plan, patch, STORED) is not None
+    assert preview_of(plan, patch, claim(NIC.driver)) is None
 
 
 REFUSED = [

@@ -1,4 +1,4 @@
-"""Strict pool names (issue 10): ``<node>`` and ``<node>/<rest>`` by default; ``<node>-<rest>``
+"""Strict pool names: ``<node>`` and ``<node>/<rest>`` by default; ``<node>-<rest>``
 only where a kind's ``poolSeparators`` says so; deletecollection pins the pool where a field
 selector can name it."""
 
@@ -11,9 +11,9 @@ from urllib.parse import quote
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.identity import Identity
+from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine, load_policy, parse_policy
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
 
 NODE = "node-a"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.cli import main
+from gatekeeper.cli.main import main
 from gatekeeper.errors import Refusal
 from gatekeeper.policy import KindRule, load_policy
 from gatekeeper.policy.model import ALL_VERBS
 from gatekeeper.policytest import TestFile, load_test_file
-from gatekeeper.requestinfo import parse_request
+from gatekeeper.request.requestinfo import parse_request
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "policies"

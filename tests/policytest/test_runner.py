@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.cli import main
+from gatekeeper.cli.main import main
 from gatekeeper.policytest import run_test_command
 
 REPO = Path(__file__).resolve().parents[2]

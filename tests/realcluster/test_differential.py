@@ -23,11 +23,12 @@ from typing import Any
 import aiohttp
 import yarl
 
+from gatekeeper.apiserver import APIServer, ServedKind
+from gatekeeper.apiserver import _objects as objects_module
+from gatekeeper.apiserver._json import deep
+from gatekeeper.apiserver.store import object_key
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy.loader import load_policy
-from gatekeeper.testing import APIServer, ServedKind, served_kinds
-from gatekeeper.testing import _objects as objects_module
-from gatekeeper.testing._json import deep
-from gatekeeper.testing.store import object_key
 from tests.realcluster.cluster import ApiError, RealCluster
 from tests.realcluster.conftest import DEFAULT_POLICY
 from tests.realcluster.differential import (

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gatekeeper.testing import DRA_KINDS, APIServer, ServedKind
+from gatekeeper.apiserver import DRA_KINDS, APIServer, ServedKind
 
 NODES = ServedKind("", "nodes", "Node", False, ("v1",), short_names=("no",))
 KINDS: tuple[ServedKind, ...] = (*DRA_KINDS, NODES)

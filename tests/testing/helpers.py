@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from gatekeeper.testing._json import deep
+from gatekeeper.apiserver._json import deep
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-import gatekeeper.testing as testing_pkg
-from gatekeeper.testing import DRA_KINDS, APIServer, ServedKind, running_api_server
+import gatekeeper.apiserver as apiserver_pkg
+from gatekeeper.apiserver import DRA_KINDS, APIServer, ServedKind, running_api_server
 from tests.testing.helpers import CLAIMS, MERGE, SLICES, call
 
 # Must match tests/testing/conftest.py (conftest modules are not importable by name).
@@ -67,10 +67,10 @@ def a_claim(name: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def test_exported_members() -> None:
-    for name in testing_pkg.__all__:
-        assert hasattr(testing_pkg, name), name
+    for name in apiserver_pkg.__all__:
+        assert hasattr(apiserver_pkg, name), name
     assert {"APIServer", "ServedKind", "JournalEntry", "running_api_server"} <= set(
-        testing_pkg.__all__
+        apiserver_pkg.__all__
     )
 
 

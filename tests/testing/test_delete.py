@@ -1,4 +1,4 @@
-"""Delete and deletecollection (``gatekeeper/testing/_delete.py``): the options come from the
+"""Delete and deletecollection (``gatekeeper/apiserver/_delete.py``): the options come from the
 body when there is one (recordings 149-166), the ``orphan`` finalizer, completing a delete."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.apiserver import APIServer, resource_slice
 from tests.testing.helpers import MERGE, SLICES, call
 
 GROUP, RESOURCE = "resource.k8s.io", "resourceslices"

@@ -1,4 +1,4 @@
-"""Bounded JSON (``gatekeeper/testing/_json.py``): the apiserver's 10,000-level limit, deep
+"""Bounded JSON (``gatekeeper/apiserver/_json.py``): the apiserver's 10,000-level limit, deep
 documents read and written, numbers no float64 holds, and the recursion limit left alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gatekeeper.testing._json import (
+from gatekeeper.apiserver._json import (
     MAX_DEPTH,
     BigNumber,
     DepthExceeded,

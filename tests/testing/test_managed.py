@@ -1,4 +1,4 @@
-"""Field ownership and server-side apply (``gatekeeper/testing/_managed.py``), over HTTP as
+"""Field ownership and server-side apply (``gatekeeper/apiserver/_managed.py``), over HTTP as
 recordings 167-177 show them, and kubectl's apply against the embedded API server."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.apiserver import APIServer, resource_slice
 from tests.testing.helpers import APPLY, MERGE, SLICES, call
 
 GROUP, RESOURCE = "resource.k8s.io", "resourceslices"

@@ -1,4 +1,4 @@
-"""The embedded API server's JSON merge patch (``gatekeeper/testing/_merge.py``), table-driven.
+"""The embedded API server's JSON merge patch (``gatekeeper/apiserver/_merge.py``), table-driven.
 
 Expected results follow evanphx/json-patch ``MergePatch`` (what the apiserver runs for
 ``application/merge-patch+json``) and, where marked, recordings 159 and 182-185.
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.testing._merge import merge_patch
+from gatekeeper.apiserver._merge import merge_patch
 
 CASES: list[tuple[str, Any, Any, Any]] = [
     ("add-key", {"a": 1}, {"b": 2}, {"a": 1, "b": 2}),

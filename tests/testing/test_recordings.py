@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer, ServedKind
-from gatekeeper.testing import _objects as objects_module
-from gatekeeper.testing._errors import PROTOBUF
+from gatekeeper.apiserver import APIServer, ServedKind
+from gatekeeper.apiserver import _objects as objects_module
+from gatekeeper.apiserver._errors import PROTOBUF
 from tests.recorded import RECORDINGS, all_recordings, parse
 
 TOKEN = "replay-token"
@@ -538,7 +538,7 @@ def test_recording(rec: dict[str, Any], outcomes: dict[int, Outcome]) -> None:
 
 def test_continue_tokens_are_the_apiservers() -> None:
     """The token of recording 39 is exactly what the embedded server encodes."""
-    from gatekeeper.testing._list import decode_continue, encode_continue
+    from gatekeeper.apiserver._list import decode_continue, encode_continue
 
     rec = next(r for r in ALL if r["_n"] == 39)
     token = rec["response_body"]["metadata"]["continue"]

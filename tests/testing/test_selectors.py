@@ -1,11 +1,11 @@
-"""The embedded API server's own selector parsers (``gatekeeper/testing/_selectors.py``),
+"""The embedded API server's own selector parsers (``gatekeeper/apiserver/_selectors.py``),
 table-driven against apimachinery's rules (``pkg/fields``, ``pkg/labels``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gatekeeper.testing._selectors import (
+from gatekeeper.apiserver._selectors import (
     FieldTerm,
     LabelTerm,
     SelectorError,

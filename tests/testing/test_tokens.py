@@ -9,8 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gatekeeper.apiserver import ISSUER, TOKEN_KINDS, APIServer
+from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy import load_policy
-from gatekeeper.testing import ISSUER, TOKEN_KINDS, APIServer, served_kinds
 from tests.recorded import recording
 
 TOKEN = "admin-token"

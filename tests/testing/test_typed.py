@@ -1,4 +1,4 @@
-"""The typed effects the embedded API server reproduces (``gatekeeper/testing/_typed.py``):
+"""The typed effects the embedded API server reproduces (``gatekeeper/apiserver/_typed.py``):
 timestamps, ``conditions: null``, RawExtension data kept as sent, the opaque parameters limit,
 the decoder's depth limit and numbers no Go type holds (recordings 178-200)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.apiserver import APIServer, resource_slice
 from tests.testing.helpers import CLAIMS, SLICES, call, claim
 
 GROUP = "resource.k8s.io"

@@ -1,5 +1,5 @@
-"""Watches of the embedded API server (``gatekeeper/testing/_watch.py``): delivery whatever the
-bookmark setting, and no busy loop while idle (issue 12)."""
+"""Watches of the embedded API server (``gatekeeper/apiserver/_watch.py``): delivery whatever the
+bookmark setting, and no busy loop while idle (a due bookmark must not keep a watch busy)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gatekeeper.testing import APIServer, resource_slice
+from gatekeeper.apiserver import APIServer, resource_slice
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 IDLE_SECONDS = 2.0

@@ -1,0 +1,3 @@
+"""The offline audit tools: read logs, summarize, check a policy against them, generate one."""
+
+__all__: list[str] = []

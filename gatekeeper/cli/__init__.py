@@ -1,0 +1,3 @@
+"""The command line: ``dra-gatekeeper`` and its subcommands."""
+
+__all__: list[str] = []

@@ -1,0 +1,87 @@
+"""The kinds a policy names, as the embedded API server serves them (for ``test`` and ``demo``).
+
+The bridge between the two: the embedded API server knows nothing of the gatekeeper's policy.
+"""
+
+from __future__ import annotations
+
+from gatekeeper.apiserver import ServedKind, sort_versions
+from gatekeeper.policy.model import Field, Policy, Scope
+
+__all__ = ["BUILT_IN_GROUPS", "served_kinds"]
+
+BUILT_IN_GROUPS = frozenset(
+    {
+        "",
+        "admissionregistration.k8s.io",
+        "apiextensions.k8s.io",
+        "apps",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+        "autoscaling",
+        "batch",
+        "certificates.k8s.io",
+        "coordination.k8s.io",
+        "discovery.k8s.io",
+        "events.k8s.io",
+        "flowcontrol.apiserver.k8s.io",
+        "networking.k8s.io",
+        "node.k8s.io",
+        "policy",
+        "rbac.authorization.k8s.io",
+        "resource.k8s.io",
+        "scheduling.k8s.io",
+        "storage.k8s.io",
+        "storagemigration.k8s.io",
+    }
+)
+"""The API groups a kube-apiserver serves itself; a policy kind of any other group is a custom
+resource (``devmgmtproto.k8s.io``, ``example.com``), served as a CRD is."""
+
+
+def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
+    """One :class:`ServedKind` per policy kind, in every version the policy lists.
+
+    Each version's ownership fields (driver, node, pool) become field-selector keys (under
+    the selector names the policy gives) and immutable fields, as they are for ResourceSlices
+    on a real apiserver; ``metadata.*`` paths are left to the built-in handling.
+    """
+    served = []
+    for spec in policy.kinds.values():
+        selectable: dict[str, dict[str, str]] = {}
+        immutable: dict[str, tuple[str, ...]] = {}
+        for version, vspec in spec.versions.items():
+            paths = {fld: ".".join(path) for fld, path in vspec.paths.items()}
+            selectable[version] = {
+                key: paths[fld]
+                for fld, key in vspec.selectors.items()
+                if fld in paths
+                and not key.startswith("metadata.")
+                and not paths[fld].startswith("metadata.")
+            }
+            # Driver and node are immutable, as on a real 1.36 apiserver (recordings 52, 53).
+            # So is a ResourceSlice's pool name there (recordings 171-173, RESOURCE_SLICES
+            # here), but it stays mutable in served kinds: the policy tests and the kubectl
+            # tests change a pool to reach the gatekeeper's own check of the result, which a
+            # real apiserver's 422 would pre-empt (a known difference of the differential run).
+            immutable[version] = tuple(
+                sorted(
+                    path
+                    for fld, path in paths.items()
+                    if fld is not Field.POOL and not path.startswith("metadata.")
+                )
+            )
+        served.append(
+            ServedKind(
+                group=spec.group,
+                resource=spec.resource,
+                kind=spec.kind,
+                namespaced=spec.scope is Scope.NAMESPACED,
+                versions=tuple(sort_versions(list(spec.versions))),
+                selectable_fields=selectable,
+                immutable_fields=immutable,
+                subresources=tuple(sorted(spec.subresources)),
+                custom=spec.group not in BUILT_IN_GROUPS,
+            )
+        )
+    return tuple(served)

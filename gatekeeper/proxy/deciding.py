@@ -1,0 +1,95 @@
+"""The steps before forwarding: who is calling, and the engine's conversation driven with the
+driver's request and the upstream as its readers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gatekeeper.audit.flow import Client, Flow
+from gatekeeper.errors import Refusal
+from gatekeeper.policy.conversation import Answer, Body, Fetch, conversation
+from gatekeeper.policy.decision import Decision
+from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.proxy.tokens import bearer_token, token_identity
+from gatekeeper.request.body import JSON, decode_body, read_limited
+from gatekeeper.request.encoded import ENCODED_MEDIA_TYPES, read_encoded
+from gatekeeper.request.headers import accepts_plain_json
+from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.types import Identity
+from gatekeeper.upstream.previews import run_preview
+from gatekeeper.upstream.session import fetch
+
+__all__ = ["decide", "identify_request", "read_body"]
+
+_BODY_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity:
+    """Who is calling: the identity its connection was given when it was made (the socket
+    directory, the verified client certificate), or on the token listener the service account
+    of the request's bearer token (reviewed, cached), whose connection is then counted as that
+    driver's (README, "Limits")."""
+    client = getattr(request.protocol, "client", None)
+    if not isinstance(client, Client):
+        raise Refusal(401, "connection not identified", "Unauthorized: no identity")
+    if client.listener != "token":
+        if client.identity is None:
+            assert client.refusal is not None
+            raise client.refusal
+        return client.identity
+    if gk.tokens is None:
+        raise Refusal(401, "no token reviewer", "Unauthorized: no identity")
+    outcome = await gk.tokens.review(bearer_token(request.headers))
+    identity = token_identity(outcome, gk.engine.policy, gk.node_name)
+    # The connection's protocol (listen/connections.py) moves it from the listener's
+    # unauthenticated bucket to the driver's count; looked up, not imported: it builds on this.
+    attribute = getattr(request.protocol, "attribute", None)
+    if attribute is not None and (why := attribute(identity.driver)):
+        raise Refusal(429, "too many connections", f"too many connections: {why}", retry_after=1)
+    return identity
+
+
+async def decide(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> Decision:
+    """The engine's conversation (:mod:`gatekeeper.policy.conversation`), its readers the
+    driver's request body and the upstream; what they read is kept on ``flow`` for the audit."""
+    assert flow.identity is not None and flow.info is not None
+    plain_json = accepts_plain_json(request.headers.get("Accept", ""))
+    talk = conversation(gk.engine, flow.identity, flow.info, plain_json=plain_json)
+    answer: Answer = None
+    try:
+        while True:
+            step = talk.send(answer)
+            if isinstance(step, Body):
+                timeout = gk.budgets.limits.body_timeout
+                flow.media_type, flow.body = await read_body(request, flow.info, timeout)
+                answer = (flow.media_type, flow.body)
+            elif isinstance(step, Fetch):
+                flow.current = answer = await fetch(gk.upstream, step.path)
+            else:
+                flow.proposed = answer = await run_preview(gk.upstream, step)
+    except StopIteration as done:
+        decision: Decision = done.value
+        return decision
+
+
+async def read_body(
+    request: web.BaseRequest, info: RequestInfo, timeout: float | None = None
+) -> tuple[str, Any]:
+    """The media type and decoded body of a writing verb (None when absent); 415/413/408/400."""
+    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if not info.is_resource_request or info.verb not in _BODY_VERBS:
+        return media_type, None
+    chunks = request.content.iter_chunked(64 * 1024)
+    raw = await (read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout))
+    if not raw:
+        return media_type, None
+    if media_type in ENCODED_MEDIA_TYPES:
+        encoded = read_encoded(raw, media_type, info.verb)
+        # A protobuf DeleteOptions body is read here and goes on as the JSON it stands for.
+        return (JSON, encoded) if isinstance(encoded, dict) else (media_type, encoded)
+    media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
+    if not isinstance(decoded, dict) and not (info.verb == "patch" and isinstance(decoded, list)):
+        raise Refusal(400, "request body must be a JSON object (or a JSON patch list)")
+    return media_type, decoded

@@ -1,0 +1,206 @@
+"""Forwarding: the decided request sent upstream, its answer streamed back as it arrives
+(filtered object by object where the decision says so)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from gatekeeper.audit import STAGE_STARTED, AuditLevel, build_event, logs_bodies
+from gatekeeper.audit.capture import ResponseCapture
+from gatekeeper.audit.event import ERROR_ANNOTATION
+from gatekeeper.audit.flow import Flow, Forwarded
+from gatekeeper.codec import jsoncodec
+from gatekeeper.errors import UpstreamError
+from gatekeeper.policy.decision import Decision
+from gatekeeper.proxy.answer import answer
+from gatekeeper.proxy.filtering import PLAIN_JSON, scoped_chunks, scoped_error
+from gatekeeper.proxy.paging import PageOpener, prime_listing, prime_watch, upstream_target
+from gatekeeper.proxy.scoped import DROPPED_ANNOTATION, WatchFilter
+from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.request.headers import forwarded_request_headers, response_headers
+from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.types import KubeObject
+from gatekeeper.upstream.session import Pool, Upstream, UpstreamResponse
+
+__all__ = ["forward"]
+
+log = logging.getLogger("gatekeeper.proxy")
+
+_MAX_CAPTURED_ERROR = 64 * 1024
+
+
+async def forward(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
+    """Send the decided request upstream and stream the answer back as it arrives."""
+    decision = flow.decision
+    assert decision is not None and decision.target is not None and flow.identity is not None
+    payload = _payload(decision.body)
+    media_type = None if payload is None else decision.media_type
+    headers = forwarded_request_headers(
+        request.headers, audit_id=flow.audit_id, content_type=media_type
+    )
+    if decision.filter is None:
+        return await _exchange(request, flow, gk, decision.target, headers, payload, None)
+    # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
+    # a Table or metadata-only answer cannot be, so it is never asked for.
+    headers["Accept"] = PLAIN_JSON
+    target = upstream_target(decision.target)
+    pages = _pages(gk.upstream, headers)
+    driver = flow.identity.driver
+    state = WatchFilter(decision.filter)  # counts what a get or list drops
+    if flow.long_running and (listing := prime_listing(target)) is not None:
+        # SECURITY: README "Filtered reads" — a watch's prime is a list read like any other:
+        # it takes one of the driver's requests in flight and one of its filtered-read turns.
+        with gk.budgets.admit(driver, watch=False):
+            async with gk.budgets.filtered_read(driver):
+                state = await prime_watch(pages, listing, decision.filter)
+    if target.verb != "list":
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+    async with gk.budgets.filtered_read(driver):
+        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
+
+
+def _pages(upstream: Upstream, headers: dict[str, str]) -> PageOpener:
+    """Opens further pages of a filtered list with the request's own headers."""
+
+    def page(info: RequestInfo) -> AbstractAsyncContextManager[UpstreamResponse]:
+        return upstream.stream("GET", info.target, headers, None, pool="requests")
+
+    return page
+
+
+async def _exchange(
+    request: web.BaseRequest,
+    flow: Flow,
+    gk: Gatekeeper,
+    target: RequestInfo,
+    headers: dict[str, str],
+    payload: bytes | None,
+    filtered: tuple[WatchFilter, PageOpener] | None,
+) -> web.StreamResponse:
+    """The upstream round trip of :func:`forward`, filtered when ``filtered`` says how."""
+    assert flow.decision is not None
+    media_type = None if payload is None else flow.decision.media_type
+    flow.forwarded = Forwarded(target.method, target.target, media_type)
+    response: web.StreamResponse | None = None
+    pool: Pool = "watches" if flow.long_running else "requests"
+    try:
+        async with gk.upstream.stream(
+            target.method, target.target, headers, payload, pool=pool
+        ) as answered:
+            flow.upstream_audit_id = answered.headers.get("Audit-Id", "")
+            flow.status_code = answered.status
+            body = answered.chunks()
+            if answered.status < 400 and filtered is not None:
+                state, pages = filtered
+                scoped = await scoped_chunks(target, body, state.keep, state, pages)
+                if isinstance(scoped, Decision):
+                    # The object left the driver's scope after the engine's read: one 404.
+                    flow.decision = scoped
+                    return answer(flow, scoped)
+                body = scoped
+            response = web.StreamResponse(
+                status=answered.status,
+                headers=response_headers(answered.headers, audit_id=flow.audit_id),
+            )
+            scrub = filtered is not None
+            flow.response_object = await _relay(request, response, flow, gk, answered, body, scrub)
+    except Exception as exc:
+        reset = isinstance(exc, ConnectionResetError)
+        if response is None or not (response.prepared or reset):
+            raise
+        return _broken(request, response, flow, exc)
+    finally:
+        if filtered is not None and filtered[0].dropped:
+            flow.annotations[DROPPED_ANNOTATION] = filtered[0].annotation()
+    flow.finish(answered.status)
+    return response
+
+
+def _broken(
+    request: web.BaseRequest, response: web.StreamResponse, flow: Flow, exc: Exception
+) -> web.StreamResponse:
+    """The answer broke after its status line was sent (or the driver left while it was
+    written): no Status can follow, so the connection is broken and the flow says why."""
+    if isinstance(exc, ConnectionResetError):
+        # The driver went away while its answer was written: its disconnect, not the upstream's.
+        flow.finish(499, "client disconnected")
+        return response
+    if isinstance(exc, UpstreamError):
+        # Break the driver's connection, as a dying apiserver would, so its client re-lists or
+        # re-watches instead of waiting on a stream that will never end.
+        log.warning("upstream failed mid-response audit_id=%s %s", flow.audit_id, exc.message)
+        flow.finish(flow.status_code, exc.message)
+    else:
+        # A fault of our own mid-stream.
+        log.exception("internal error mid-response audit_id=%s", flow.audit_id, exc_info=exc)
+        flow.annotations[ERROR_ANNOTATION] = f"internal error: {type(exc).__name__}"
+        flow.finish(500, f"internal error: {type(exc).__name__}")
+    if request.transport is not None:
+        request.transport.close()
+    return response
+
+
+async def _relay(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    flow: Flow,
+    gk: Gatekeeper,
+    answer: UpstreamResponse,
+    body: AsyncIterator[bytes],
+    scrub: bool = False,
+) -> KubeObject | None:
+    """Write the upstream's answer to the driver; the captured response object, if logged.
+
+    ``scrub``: the read is filtered, so an error answer is rebuilt from its Status's code,
+    reason, message and details alone (:func:`~gatekeeper.proxy.filtering.scoped_error`)."""
+    capture = ResponseCapture(
+        gk.audit_level is AuditLevel.REQUEST_RESPONSE
+        and logs_bodies(flow.info)
+        and not flow.long_running,
+        answer.headers.get("Content-Type", ""),
+    )
+    if answer.status >= 400:
+        head = await answer.read(_MAX_CAPTURED_ERROR)
+        if scrub:
+            # A HEAD answer has no body to rebuild (the apiserver sends none).
+            empty = request.method == "HEAD"
+            head, body = b"" if empty else scoped_error(head, answer.status), _nothing()
+        flow.status_message = _message_of(head)
+        await response.prepare(request)
+        capture.feed(head)
+        await response.write(head)
+    else:
+        await response.prepare(request)
+        flow.response_started = datetime.now(UTC)
+        if flow.long_running:
+            await gk.audit.emit(build_event(flow, gk.audit_level, STAGE_STARTED))
+    async for chunk in body:
+        capture.feed(chunk)
+        await response.write(chunk)
+    await response.write_eof()
+    return capture.result()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
+
+
+def _payload(body: Any) -> bytes | None:
+    """The forwarded body: an encoded body's bytes as they are, anything else as JSON."""
+    if body is None or isinstance(body, bytes):
+        return body
+    return jsoncodec.dumps(body)
+
+
+def _message_of(payload: bytes) -> str:
+    try:
+        return str(jsoncodec.loads(payload).get("message", ""))
+    except (ValueError, AttributeError):
+        return ""

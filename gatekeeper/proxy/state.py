@@ -1,0 +1,40 @@
+"""What the pipeline needs, built once by the server and shared by every request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gatekeeper.audit import AuditLevel, AuditSink
+from gatekeeper.policy import Engine
+from gatekeeper.proxy.budgets import DriverBudgets
+from gatekeeper.proxy.inflight import InFlight
+from gatekeeper.upstream.session import Upstream
+from gatekeeper.upstream.tokenreview import TokenReviewer
+
+__all__ = ["Gatekeeper"]
+
+
+@dataclass(slots=True)
+class Gatekeeper:
+    """What the pipeline needs, built once by the server and shared by every request."""
+
+    engine: Engine
+    upstream: Upstream
+    audit: AuditSink
+    audit_level: AuditLevel = AuditLevel.METADATA
+    socket_drivers: dict[str, str] = field(default_factory=dict)
+    budgets: DriverBudgets = field(default_factory=DriverBudgets)
+    """Per-driver in-flight and watch budgets (and the limits they come from)."""
+    tokens: TokenReviewer | None = None
+    """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
+    token_ports: set[int] = field(default_factory=set)
+    """Local ports of the token listener: a connection to one shows a token, not a cert."""
+
+    @property
+    def node_name(self) -> str:
+        return self.engine.node_name
+
+    @property
+    def in_flight(self) -> InFlight:
+        """The one count of requests in flight (drain, the gauge, the budgets)."""
+        return self.budgets.in_flight

@@ -1,0 +1,326 @@
+"""`serve` configuration: every setting in one frozen value, every flag and file checked.
+
+:func:`build_serve_config` turns the command line into a :class:`ServeConfig` or raises
+:class:`~gatekeeper.errors.ConfigError` (exit 2, one line) before anything listens; the server
+is then built from the config alone (:class:`gatekeeper.server.server.GatekeeperServer`).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatekeeper.audit import AuditLevel
+from gatekeeper.codec.selectors import check_label
+from gatekeeper.errors import ConfigError
+from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
+from gatekeeper.listen.listeners import resolve_group
+from gatekeeper.listen.tls import ServerTLS, TLSFiles
+from gatekeeper.names import is_dns_subdomain, is_driver_name
+from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy.model import ANY_DRIVER
+from gatekeeper.upstream.kubeconfig import (
+    TokenSource,
+    UpstreamConfig,
+    build_ssl_context,
+    resolve_upstream,
+)
+
+__all__ = [
+    "AuditSettings",
+    "ServeConfig",
+    "build_serve_config",
+    "check_socket_dir",
+    "load_serve_policy",
+    "parse_host_port",
+    "parse_node_labels",
+    "server_ssl_context",
+    "token_ssl_context",
+]
+
+_DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """``--audit-log`` (a file, ``-`` for stdout, None for none), level and rotation."""
+
+    path: str | None = None
+    level: AuditLevel = AuditLevel.METADATA
+    max_size_mb: int = 0
+    max_backups: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """A complete, checked configuration for ``dra-gatekeeper serve``.
+
+    Constructing it loads the upstream credentials (``tokens``, ``upstream_ssl``): a token
+    file or CA that cannot be read is a ConfigError here, not at the first request.
+    """
+
+    node_name: str
+    policy: Policy
+    upstream: UpstreamConfig
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    policy_path: str | None = None
+    """The policy file, watched for changes; None for the packaged default."""
+    extra_drivers: frozenset[str] = frozenset()
+    """``--driver`` flags: added to the policy's drivers, also after a reload."""
+    socket_dir: Path | None = None
+    listen: tuple[str, int] | None = None
+    listen_tls: ServerTLS | None = None
+    listen_flag: str = "--listen"
+    """How the user named ``listen``, for messages (``demo`` takes it as ``--port``)."""
+    listen_token: tuple[str, int] | None = None
+    """The token listener: drivers identified by their service-account token (TokenReview)."""
+    token_tls: ServerTLS | None = None
+    token_audiences: tuple[str, ...] = ()
+    """Audiences the TokenReview asks for; none: the apiserver's own (in-cluster tokens')."""
+    token_cache_ttl: float = 10.0
+    """Seconds a positive TokenReview is reused at most (never past the token's exp)."""
+    health_listen: tuple[str, int] | None = None
+    audit: AuditSettings = AuditSettings()
+    shutdown_grace: float = 30.0
+    """Seconds in-flight requests get to finish after SIGTERM."""
+    reload_interval: float = 2.0
+    """Seconds between checks of the policy, token and TLS files for changes."""
+    readiness_cache: float = 3.0
+    """Seconds ``/readyz`` reuses the upstream's last answer."""
+    cert_expiry_warning: float = 30 * _DAY
+    """Warn (log and metric) when a certificate expires within this many seconds."""
+    socket_group: int | None = None
+    """``--socket-group``: the gid owning driver sockets and directories."""
+    limits: Limits = DEFAULT_LIMITS
+    """Per-driver budgets, connection caps and timeouts (README, "Limits")."""
+    tokens: TokenSource = field(init=False)
+    upstream_ssl: ssl.SSLContext | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.socket_dir is None and self.listen is None and self.listen_token is None:
+            raise ConfigError(_NO_LISTENER)
+        if self.listen is not None and self.listen_tls is None:
+            raise ConfigError(
+                "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
+            )
+        if self.listen_token is not None and self.token_tls is None:
+            raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
+        object.__setattr__(self, "tokens", TokenSource(self.upstream))
+        object.__setattr__(self, "upstream_ssl", build_ssl_context(self.upstream))
+
+
+_NO_LISTENER = (
+    "at least one listener is required: --socket-dir DIR, --listen HOST:PORT (mTLS) or "
+    "--listen-token HOST:PORT (service-account tokens)"
+)
+_MAX_TOKEN_CACHE = 60.0
+
+
+def build_serve_config(
+    *,
+    node_name: str | None,
+    policy_path: str | None,
+    drivers: Sequence[str],
+    node_labels: Sequence[str] = (),
+    kubeconfig: str | None,
+    upstream: str | None,
+    socket_dir: str | None,
+    listen: str | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    client_ca_file: str | None,
+    listen_token: str | None = None,
+    token_audiences: Sequence[str] = (),
+    token_cache_ttl: float = 10.0,
+    audit_log: str | None = None,
+    audit_level: str | None = None,
+    audit_max_size_mb: int = 0,
+    audit_max_backups: int = 0,
+    health_listen: str | None,
+    shutdown_grace: float = 30.0,
+    cert_expiry_warning_days: float = 30.0,
+    socket_group: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    environ: Mapping[str, str] = os.environ,
+) -> ServeConfig:
+    """Check everything ``serve`` was given; ConfigError (exit 2) on the first problem."""
+    node = _check_node_and_drivers(node_name or environ.get("NODE_NAME", ""), drivers)
+    extra = frozenset(drivers)
+    policy = load_serve_policy(policy_path, extra)
+    _check_listeners(socket_dir, listen, listen_token, policy)
+    if not 0 <= token_cache_ttl <= _MAX_TOKEN_CACHE:
+        raise ConfigError(
+            f"--token-cache-ttl must be between 0 and {_MAX_TOKEN_CACHE:g} seconds (a deleted "
+            "pod's token must stop working soon)"
+        )
+    audit = _audit_settings(audit_log, audit_level, audit_max_size_mb, audit_max_backups)
+    if shutdown_grace < 0:
+        raise ConfigError("--shutdown-grace-period must not be negative")
+    return ServeConfig(
+        node_name=node,
+        node_labels=parse_node_labels(node_labels),
+        policy=policy,
+        policy_path=policy_path,
+        extra_drivers=extra,
+        upstream=resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ),
+        socket_dir=check_socket_dir(socket_dir) if socket_dir is not None else None,
+        listen=parse_host_port(listen, "--listen") if listen is not None else None,
+        listen_tls=(
+            server_ssl_context(tls_cert_file, tls_key_file, client_ca_file)
+            if listen is not None
+            else None
+        ),
+        listen_token=(
+            parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
+        ),
+        token_tls=(
+            token_ssl_context(tls_cert_file, tls_key_file) if listen_token is not None else None
+        ),
+        token_audiences=tuple(token_audiences),
+        token_cache_ttl=token_cache_ttl,
+        audit=audit,
+        health_listen=(
+            parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
+        ),
+        shutdown_grace=shutdown_grace,
+        cert_expiry_warning=cert_expiry_warning_days * _DAY,
+        socket_group=resolve_group(socket_group),
+        limits=fit_to_descriptors(limits.check()),
+    )
+
+
+def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:
+    if not node:
+        raise ConfigError("--node-name (or env NODE_NAME) is required")
+    if not is_dns_subdomain(node):
+        raise ConfigError(f"--node-name {node!r} is not a valid node name (DNS subdomain)")
+    for name in drivers:
+        if name != ANY_DRIVER and not is_driver_name(name):
+            raise ConfigError(f"--driver {name!r} is not a DNS subdomain driver name")
+    return node
+
+
+def _check_listeners(
+    socket_dir: str | None, listen: str | None, listen_token: str | None, policy: Policy
+) -> None:
+    if socket_dir is None and listen is None and listen_token is None:
+        raise ConfigError(_NO_LISTENER)
+    if socket_dir is not None and ANY_DRIVER in policy.drivers:
+        raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
+    if listen_token is not None and not policy.service_accounts:
+        raise ConfigError(
+            f"--listen-token: {policy.source} maps no service account to a driver: list them "
+            "under serviceAccounts: (driver: [namespace/name, ...])"
+        )
+
+
+def _audit_settings(
+    path: str | None, level: str | None, max_size_mb: int, backups: int
+) -> AuditSettings:
+    if level is None:
+        level = AuditLevel.METADATA.value
+    elif path is None:
+        # Refused, not ignored: an operator who set a level expects an audit log.
+        raise ConfigError(
+            f"--audit-level {level} needs --audit-log FILE (or - for stdout): without it "
+            "nothing is audited"
+        )
+    try:
+        audit_level = AuditLevel(level)
+    except ValueError:
+        raise ConfigError(
+            f"--audit-level {level!r} must be one of Metadata, Request, RequestResponse"
+        ) from None
+    audit = AuditSettings(path, audit_level, max_size_mb, backups)
+    _check_audit(audit)
+    return audit
+
+
+def load_serve_policy(path: str | None, extra_drivers: frozenset[str]) -> Policy:
+    """The policy file plus ``--driver`` names; ConfigError if it allows no driver."""
+    policy = load_policy(path).with_drivers(extra_drivers)
+    if not policy.drivers:
+        raise ConfigError(
+            f"{policy.source}: no drivers are allowed on this node: list them under `drivers:` "
+            "or pass --driver NAME"
+        )
+    return policy
+
+
+def _check_audit(audit: AuditSettings) -> None:
+    if audit.max_size_mb < 0:
+        raise ConfigError("--audit-log-maxsize must not be negative")
+    if audit.max_backups < 0:
+        raise ConfigError("--audit-log-maxbackup must not be negative")
+    if audit.path in (None, "-"):
+        return
+    directory = os.path.dirname(os.path.abspath(str(audit.path)))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--audit-log {audit.path}: directory {directory} does not exist")
+    if os.path.isdir(str(audit.path)):
+        raise ConfigError(f"--audit-log {audit.path}: is a directory")
+
+
+def check_socket_dir(value: str) -> Path:
+    """``--socket-dir``: a directory the gatekeeper can create sockets in (created if absent)."""
+    path = Path(value)
+    try:
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--socket-dir {value}: not a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"--socket-dir {value}: cannot create: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise ConfigError(f"--socket-dir {value}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--socket-dir {value}: not writable")
+    return path
+
+
+def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
+    """``--node-label KEY=VALUE`` flags as a mapping; ConfigError on a bad or repeated key."""
+    labels: dict[str, str] = {}
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            check_label(key, value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--node-label {flag!r} must be KEY=VALUE with a valid label: {exc}"
+            ) from None
+        if key in labels:
+            raise ConfigError(f"--node-label {key!r} is given twice")
+        labels[key] = value
+    return labels
+
+
+def parse_host_port(value: str, flag: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); ConfigError naming ``flag``."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{flag} {value!r} must be HOST:PORT (e.g. 127.0.0.1:8443)")
+    return host, int(port)
+
+
+def token_ssl_context(cert_file: str | None, key_file: str | None) -> ServerTLS:
+    """The token listener's context: TLS with the serving pair, no client certificate."""
+    if not (cert_file and key_file):
+        raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
+    return ServerTLS.load(TLSFiles(cert_file, key_file))
+
+
+def server_ssl_context(
+    cert_file: str | None, key_file: str | None, client_ca_file: str | None
+) -> ServerTLS:
+    """The mTLS listener's context: a verified client certificate is required (DESIGN §4.2)."""
+    if not (cert_file and key_file and client_ca_file):
+        raise ConfigError(
+            "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
+        )
+    return ServerTLS.load(TLSFiles(cert_file, key_file, client_ca_file))

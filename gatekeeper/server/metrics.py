@@ -1,0 +1,319 @@
+"""Prometheus metrics for ``/metrics``: what the gatekeeper decided, how the upstream answers.
+
+One :class:`Metrics` per server, on its own registry. Per-request figures are taken from the
+audit events (:class:`MeteredSink` sees every finished request, allowed or refused, exactly as
+it is audited); in-flight requests by an aiohttp middleware; upstream latency by an aiohttp
+client trace; the rest by the parts that know (TLS, reloads, certificates, the audit writer).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import Counter as CounterType
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import aiohttp
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gatekeeper.audit import AuditSink
+from gatekeeper.server.rules import rule_of
+
+__all__ = [
+    "CONTENT_TYPE",
+    "UNKNOWN_DRIVER",
+    "LabelPolicy",
+    "MeteredSink",
+    "Metrics",
+    "UpstreamWatches",
+]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_UNKNOWN = "-"
+UNKNOWN_DRIVER = "unknown"
+"""The driver label of a caller that is not a driver the policy allows."""
+_VERBS = frozenset(
+    {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class LabelPolicy(Protocol):
+    """What label values are checked against: the policy being served."""
+
+    def allows_driver(self, driver: str) -> bool: ...
+
+    def kind_for(self, group: str, resource: str) -> Any: ...
+
+
+class Metrics:
+    """Every metric of one gatekeeper, registered on ``registry``.
+
+    Label values come from fixed sets, never from what a client sends (a new value is a new
+    series, held forever): drivers the policy allows (else ``unknown``), its kinds (else
+    ``other``), the API verbs, HTTP codes, and the rule that refused
+    (:mod:`gatekeeper.server.rules`).
+    """
+
+    def __init__(self) -> None:
+        self.policy: Callable[[], LabelPolicy] | None = None
+        """The policy now served (set by the server): which drivers and kinds are known."""
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "dra_gatekeeper_requests",
+            "Finished requests by driver, verb, resource, decision and HTTP code.",
+            ["driver", "verb", "resource", "decision", "code"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "dra_gatekeeper_refusals",
+            "Requests the gatekeeper refused, by driver and the rule that refused (the audit "
+            "event has the whole reason).",
+            ["driver", "reason"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "dra_gatekeeper_upstream_request_duration_seconds",
+            "Time until the upstream API server's response headers, by method.",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.watches = Gauge(
+            "dra_gatekeeper_watches_open", "Watches streaming, by driver.", ["driver"], registry=r
+        )
+        self.tls_failures = Counter(
+            "dra_gatekeeper_tls_handshake_failures",
+            "Failed TLS handshakes on the mTLS listener, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.token_reviews = Counter(
+            "dra_gatekeeper_token_reviews",
+            "Bearer tokens of the token listener looked up, by result: authenticated, "
+            "unauthenticated or error (TokenReviews asked of the apiserver), or cached.",
+            ["result"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "dra_gatekeeper_reloads",
+            "Reloads of a watched file (policy, token, tls), by result (ok or error).",
+            ["file", "result"],
+            registry=r,
+        )
+        self.cert_expiry = Gauge(
+            "dra_gatekeeper_certificate_expiry_seconds",
+            "Seconds until a certificate expires (serving or client CA).",
+            ["certificate"],
+            registry=r,
+        )
+        self.cert_expiring = Gauge(
+            "dra_gatekeeper_certificate_expiring",
+            "1 when a certificate expires within the warning period, else 0.",
+            ["certificate"],
+            registry=r,
+        )
+        self.ready = Gauge("dra_gatekeeper_ready", "1 when /readyz answers ok.", registry=r)
+        self._watch_drivers: dict[str, str] = {}
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)
+
+    def watch_audit(self, source: Any) -> None:
+        """Export the audit writer's queue depth and counters (``stats``, ``queue_depth``)."""
+        self.registry.register(_AuditCollector(source))
+
+    # --- label values from fixed sets ----------------------------------------------------
+
+    def driver_label(self, driver: str) -> str:
+        """``driver`` if the policy allows it, else ``unknown``."""
+        policy = self.policy() if self.policy is not None else None
+        if policy is not None and driver and policy.allows_driver(driver):
+            return driver
+        return UNKNOWN_DRIVER
+
+    def _resource_label(self, ref: dict[str, Any]) -> str:
+        resource, group = ref.get("resource"), str(ref.get("apiGroup") or "")
+        if not resource:
+            return _UNKNOWN  # a non-resource path (discovery, /version)
+        policy = self.policy() if self.policy is not None else None
+        kind = policy.kind_for(group, str(resource)) if policy is not None else None
+        if kind is None:
+            return "other"
+        subresource = ref.get("subresource")
+        if subresource:
+            return f"{resource}/{subresource}" if subresource in kind.subresources else "other"
+        return str(resource)
+
+    # --- from audit events ---------------------------------------------------------------
+
+    def record_event(self, event: dict[str, Any]) -> None:
+        """Count one audit event: a finished request, or a watch that started streaming."""
+        user = event.get("user") or {}
+        driver = self.driver_label(str(user.get("username") or ""))
+        audit_id = str(event.get("auditID", ""))
+        if event.get("stage") == "ResponseStarted":
+            self._watch_drivers[audit_id] = driver
+            self.watches.labels(driver).inc()
+            return
+        if (started := self._watch_drivers.pop(audit_id, None)) is not None:
+            self.watches.labels(started).dec()
+        resource = self._resource_label(event.get("objectRef") or {})
+        annotations = event.get("annotations") or {}
+        decision = annotations.get("authorization.k8s.io/decision")
+        decision = decision if decision in ("allow", "forbid") else "none"
+        code = int((event.get("responseStatus") or {}).get("code", 0) or 0)
+        verb = str(event.get("verb") or "")
+        verb = verb if verb in _VERBS else "other"
+        self.requests.labels(driver, verb, resource, decision, str(code)).inc()
+        if decision == "forbid":
+            reason = str(annotations.get("authorization.k8s.io/reason") or "")
+            self.refusals.labels(driver, rule_of(code, reason)).inc()
+
+    # --- in-flight requests ----------------------------------------------------------------
+
+    def watch_in_flight(self, counts: Callable[[], CounterType[str]]) -> None:
+        """Export the one in-flight count (requests and watches being served, per driver)."""
+        self.registry.register(_InFlightCollector(counts, self.driver_label))
+
+    # --- upstream --------------------------------------------------------------------------
+
+    def upstream_trace(self, watches: UpstreamWatches) -> aiohttp.TraceConfig:
+        """A client trace timing the upstream's answers and tracking its open watches."""
+        trace = aiohttp.TraceConfig()
+        histogram = self.upstream_latency
+
+        async def on_start(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+            ctx.started = time.monotonic()
+
+        async def on_end(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+            histogram.labels(params.method).observe(time.monotonic() - ctx.started)
+            if params.url.query.get("watch") in ("true", "1", "True", "TRUE", "t", "T"):
+                watches.add(params.response)
+
+        trace.on_request_start.append(on_start)
+        trace.on_request_end.append(on_end)
+        trace.freeze()
+        return trace
+
+
+class UpstreamWatches:
+    """The upstream watch responses still open: ended cleanly on shutdown."""
+
+    def __init__(self) -> None:
+        self._responses: weakref.WeakSet[aiohttp.ClientResponse] = weakref.WeakSet()
+
+    def add(self, response: aiohttp.ClientResponse) -> None:
+        self._responses.add(response)
+
+    def end_all(self) -> int:
+        """End every open watch stream as if the apiserver had closed it; how many were open.
+
+        Reading from the upstream is paused first, so nothing arrives after the end; the
+        proxy then finishes the driver's response normally (its informer re-lists/re-watches).
+        """
+        ended = 0
+        for response in list(self._responses):
+            if response.closed or response.content.is_eof():
+                continue
+            connection = response.connection
+            if connection is not None:
+                if connection.protocol is not None:
+                    connection.protocol.force_close()  # never back into the pool
+                if connection.transport is not None:
+                    connection.transport.pause_reading()
+            response.content.feed_eof()
+            ended += 1
+        return ended
+
+
+class MeteredSink:
+    """An audit sink that counts every event in :class:`Metrics`, then passes it on."""
+
+    def __init__(self, inner: AuditSink, metrics: Metrics) -> None:
+        self.inner = inner
+        self._metrics = metrics
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        try:
+            self._metrics.record_event(event)
+        finally:
+            await self.inner.emit(event)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    @property
+    def writable(self) -> bool:
+        """Whether the wrapped sink can write (a sink without the notion always can)."""
+        return bool(getattr(self.inner, "writable", True))
+
+
+class _InFlightCollector(Collector):
+    """``dra_gatekeeper_requests_in_flight{driver}``, read from the pipeline's own count; a
+    driver once seen keeps its series (at 0), as a gauge's child would."""
+
+    def __init__(
+        self, counts: Callable[[], CounterType[str]], label: Callable[[str], str]
+    ) -> None:
+        self._counts = counts
+        self._label = label
+        self._seen: set[str] = set()
+
+    def collect(self) -> Iterator[Any]:
+        labelled: CounterType[str] = CounterType()
+        for driver, count in self._counts().items():
+            labelled[self._label(driver)] += count
+        self._seen |= set(labelled)
+        family = GaugeMetricFamily(
+            "dra_gatekeeper_requests_in_flight",
+            "Requests being served, by driver.",
+            labels=["driver"],
+        )
+        for driver in sorted(self._seen):
+            family.add_metric([driver], float(labelled[driver]))
+        yield family
+
+
+class _AuditCollector(Collector):
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._writer.stats
+        depth = GaugeMetricFamily(
+            "dra_gatekeeper_audit_queue_depth", "Audit events waiting to be written."
+        )
+        depth.add_metric([], float(self._writer.queue_depth))
+        yield depth
+        for name, text, value in (
+            ("dra_gatekeeper_audit_events_written", "Audit events written.", stats.written),
+            (
+                "dra_gatekeeper_audit_write_errors",
+                "Failed audit writes (retried).",
+                stats.write_errors,
+            ),
+            (
+                "dra_gatekeeper_audit_events_lost",
+                "Audit events that could not be written.",
+                stats.lost,
+            ),
+        ):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], float(value))
+            yield counter

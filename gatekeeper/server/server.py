@@ -1,0 +1,415 @@
+"""The running gatekeeper, built from a :class:`~gatekeeper.server.config.ServeConfig` alone.
+
+``start()`` binds every socket first and only then listens, so a port in use or an unwritable
+socket directory is a ConfigError (exit 2) with nothing listening; ``stop()`` drains: stop
+accepting, end watches, let in-flight requests finish within the grace period, flush the audit,
+remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and reloads on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gatekeeper import __version__
+from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
+from gatekeeper.errors import ConfigError
+from gatekeeper.listen.connections import GuardedRunner
+from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
+from gatekeeper.listen.tlsgate import TLSGateSite
+from gatekeeper.policy import Engine
+from gatekeeper.policy.model import Policy
+from gatekeeper.proxy.budgets import DriverBudgets
+from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.server.config import AuditSettings, ServeConfig
+from gatekeeper.server.expiry import CertificateExpiry
+from gatekeeper.server.health import Readiness, build_health_app, upstream_probe
+from gatekeeper.server.isolation import IsolationCollector
+from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
+from gatekeeper.server.reload import Reloader
+from gatekeeper.types import Identity, KubeObject
+from gatekeeper.upstream.session import Upstream, UpstreamSession, request
+from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, TokenReviewer
+
+__all__ = [
+    "SOCKET_NAME",
+    "GatekeeperServer",
+    "Listener",
+    "bind_listeners",
+    "close_listeners",
+    "open_audit",
+    "run_until_signal",
+    "socket_path",
+]
+
+log = logging.getLogger("gatekeeper.server")
+
+# Many drivers reconnecting at once (a node reboot) overflow the default backlog of 128.
+_BACKLOG = 1024
+
+
+def socket_path(socket_dir: Path, driver: str) -> Path:
+    """``DIR/<driver>/api.sock``: a driver pod mounts only its own directory (DESIGN §4.2)."""
+    return socket_dir / driver / SOCKET_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A bound (not yet listening) socket: ``role`` is ``unix``, ``mtls`` or ``health``."""
+
+    role: str
+    sock: socket.socket
+    driver: str = ""
+    path: str = ""
+    """The Unix socket's file (kept: a closed socket no longer knows its name)."""
+
+    @property
+    def address(self) -> str:
+        """The socket path, or HOST:PORT (the bound port, also for port 0)."""
+        return _address(self.sock.getsockname())
+
+
+def _address(name: object) -> str:
+    if isinstance(name, str):
+        return name
+    assert isinstance(name, tuple)
+    host = f"[{name[0]}]" if ":" in str(name[0]) else name[0]
+    return f"{host}:{name[1]}"
+
+
+def bind_listeners(
+    config: ServeConfig, drivers: list[str], sockets: SocketListeners | None = None
+) -> list[Listener]:
+    """Bind every socket ``config`` asks for, or none: ConfigError naming the flag.
+
+    Binding is the last check before listening (a port in use, a socket directory that cannot
+    hold sockets or is in use by another instance); nothing accepts a connection until every
+    socket is bound. A driver whose socket path cannot be used is skipped, logged
+    (:mod:`gatekeeper.listen.listeners`): it costs only that driver its listener.
+    """
+    bound: list[Listener] = []
+    try:
+        if config.socket_dir is not None:
+            assert sockets is not None, "a socket directory needs its SocketListeners"
+            sockets.acquire()
+            for driver_socket in sockets.bind(drivers):
+                bound.append(_unix_listener(driver_socket.driver, driver_socket))
+        if config.listen is not None:
+            bound.append(Listener("mtls", _bind_tcp(*config.listen, config.listen_flag)))
+        if config.listen_token is not None:
+            bound.append(Listener("token", _bind_tcp(*config.listen_token, "--listen-token")))
+        if config.health_listen is not None:
+            bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
+    except BaseException:
+        close_listeners(bound, sockets)
+        raise
+    return bound
+
+
+def close_listeners(listeners: list[Listener], sockets: SocketListeners | None = None) -> None:
+    """Close bound sockets; the Unix socket files go with ``sockets`` (only those still ours)."""
+    for listener in listeners:
+        listener.sock.close()
+    if sockets is not None:
+        sockets.close()
+
+
+def _unix_listener(driver: str, bound: DriverSocket) -> Listener:
+    return Listener("unix", bound.sock, driver, bound.path)
+
+
+def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{flag} {host}:{port}: cannot resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{flag} {host}:{port}: cannot listen: {_why(exc)}") from None
+    return sock
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def open_audit(settings: AuditSettings) -> AuditSink:
+    """The audit sink ``settings`` ask for; ConfigError if the file cannot be opened."""
+    if not settings.path:
+        return NullSink()
+    try:
+        return JsonLinesWriter(
+            settings.path, max_size_mb=settings.max_size_mb, max_backups=settings.max_backups
+        )
+    except OSError as exc:
+        raise ConfigError(f"--audit-log {settings.path}: {_why(exc)}") from None
+
+
+class GatekeeperServer:
+    """The running gatekeeper: start() binds then listens, stop() drains and closes.
+
+    ``upstream`` and ``audit`` replace the ones the config describes (tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        upstream: Upstream | None = None,
+        audit: AuditSink | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.metrics.policy = lambda: self.engine.policy
+        self.upstream_watches = UpstreamWatches()
+        sink = audit if audit is not None else open_audit(config.audit)
+        if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
+            self.metrics.watch_audit(sink)
+        self.audit: AuditSink = MeteredSink(sink, self.metrics)
+        self.upstream = upstream or UpstreamSession(
+            config.upstream,
+            tokens=config.tokens,
+            ssl_context=config.upstream_ssl,
+            trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
+            limits=config.limits,
+        )
+        self.gatekeeper = Gatekeeper(
+            engine=Engine(config.policy, config.node_name, node_labels=dict(config.node_labels)),
+            upstream=self.upstream,
+            audit=self.audit,
+            audit_level=config.audit.level,
+            budgets=DriverBudgets(config.limits),
+            tokens=self._token_reviewer() if config.listen_token is not None else None,
+        )
+        self.readiness = Readiness(
+            upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
+        )
+        self.expiry = CertificateExpiry(self.metrics, config.cert_expiry_warning)
+        self.metrics.watch_in_flight(self.gatekeeper.in_flight.by_driver)
+        self.reloader = Reloader(config, self.metrics, self.expiry, use=self.use_policy)
+        for tls in (config.listen_tls, config.token_tls):
+            if tls is not None:
+                tls.on_handshake_failure = self._handshake_failed
+        self._runners: list[web.BaseRunner] = []
+        self._listeners: list[Listener] = []
+        self._sockets = (
+            SocketListeners(config.socket_dir, group=config.socket_group)
+            if config.socket_dir is not None
+            else None
+        )
+        self.tls_port: int | None = None
+        self.token_port: int | None = None
+        self.health_port: int | None = None
+        self.listening = False
+
+    @property
+    def engine(self) -> Engine:
+        return self.gatekeeper.engine
+
+    async def start(self) -> None:
+        """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
+        drivers = sorted(self.engine.policy.drivers)
+        self._listeners = bind_listeners(self.config, drivers, self._sockets)
+        if isinstance(self.upstream, UpstreamSession):
+            await self.upstream.start()
+        # In-flight requests are drained before the runner shuts down (InFlight.drain).
+        runner = GuardedRunner(self.gatekeeper, self.config.limits, shutdown_timeout=1.0)
+        runner.guard.on_identified = self._identified
+        await runner.setup()
+        self._runners.append(runner)
+        self.metrics.registry.register(IsolationCollector(runner.guard))
+        health_runner: web.BaseRunner | None = None
+        for listener in self._listeners:
+            if listener.role == "health":
+                health_runner = web.AppRunner(
+                    build_health_app(self.readiness, self.metrics),
+                    access_log=None,
+                    shutdown_timeout=1.0,
+                )
+                await health_runner.setup()
+                self._runners.append(health_runner)
+                await self._listen(health_runner, listener)
+            else:
+                await self._listen(runner, listener)
+        self.listening = True
+        self.reloader.start()
+        self._log_started()
+
+    def _token_reviewer(self) -> TokenReviewer:
+        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials."""
+
+        async def review(body: KubeObject) -> tuple[int, KubeObject]:
+            return await request(self.upstream, "POST", TOKEN_REVIEWS, body)
+
+        return TokenReviewer(
+            review,
+            audiences=self.config.token_audiences,
+            ttl=self.config.token_cache_ttl,
+            on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
+        )
+
+    async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
+        site: web.SockSite
+        tls = {"mtls": self.config.listen_tls, "token": self.config.token_tls}.get(listener.role)
+        if tls is not None:
+            assert isinstance(runner, GuardedRunner)
+            site = TLSGateSite(
+                runner, listener.sock, tls, runner.guard, listener=listener.role, backlog=_BACKLOG
+            )
+        else:
+            site = web.SockSite(runner, listener.sock, backlog=_BACKLOG)
+        await site.start()
+        port = listener.sock.getsockname()[1] if listener.role != "unix" else 0
+        if listener.role == "unix":
+            # The accepted socket reports the listening path as its sockname: the identity.
+            self.gatekeeper.socket_drivers[listener.path] = listener.driver
+        elif listener.role == "mtls":
+            self.tls_port = int(port)
+        elif listener.role == "token":
+            # The accepted socket reports the listening port: its drivers show a token.
+            self.token_port = int(port)
+            self.gatekeeper.token_ports.add(self.token_port)
+        else:
+            self.health_port = int(port)
+
+    def _log_started(self) -> None:
+        config, policy = self.config, self.engine.policy
+        log.info(
+            "started version=%s node=%s drivers=%s policy=%s kinds=%s upstream=%s",
+            __version__,
+            config.node_name,
+            ",".join(sorted(policy.drivers)),
+            policy.source,
+            ",".join(sorted(spec.qualified for spec in policy.kinds.values())),
+            config.upstream.server,
+        )
+        for listener in self._listeners:
+            if listener.role == "unix":
+                log.info("listening driver=%s socket=%s", listener.driver, listener.path)
+            elif listener.role in ("mtls", "token"):
+                log.info("listening %s=%s", listener.role, listener.address)
+            else:
+                log.info("listening health=%s paths=/healthz,/readyz,/metrics", listener.address)
+
+    async def stop(self) -> None:
+        """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
+        self.listening = False
+        await self.reloader.stop()
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        # Watches opened meanwhile on kept-alive connections are ended too.
+        in_flight = self.gatekeeper.in_flight
+        await in_flight.drain(self.config.shutdown_grace, self.upstream_watches.end_all)
+        await self._cleanup_runners()
+        if isinstance(self.upstream, UpstreamSession):
+            await self.upstream.close()
+        close_listeners(self._listeners, self._sockets)
+        self._listeners = []
+        await self.audit.aclose()
+
+    async def _cleanup_runners(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+    def _identified(self, identity: Identity) -> None:
+        """A connection was identified (once, when it was made): note a client certificate
+        close to expiry."""
+        not_after = identity.peer.get("certNotAfter")
+        if not_after and self.engine.policy.allows_driver(identity.driver):
+            self.expiry.observe_client(identity.driver, not_after)
+
+    async def use_policy(self, policy: Policy) -> None:
+        """Serve ``policy`` from the next request on (a reload): a new engine, and the socket
+        listeners of the drivers it adds or removes."""
+        old = self.engine.policy
+        config = self.config
+        self.gatekeeper.engine = Engine(
+            policy, config.node_name, node_labels=dict(config.node_labels)
+        )
+        await self.remove_driver_sockets(sorted(old.drivers - policy.drivers))
+        await self.add_driver_sockets(sorted(policy.drivers - old.drivers))
+
+    def _handshake_failed(self, peer: str, reason: str) -> None:
+        self.metrics.tls_failures.labels(reason[:60]).inc()
+
+    async def add_driver_sockets(self, drivers: list[str]) -> None:
+        """Listen for drivers a reloaded policy added (socket listener only)."""
+        if self._sockets is None or not self._runners:
+            return
+        for bound in self._sockets.bind(drivers):  # a path it cannot use is logged, skipped
+            listener = _unix_listener(bound.driver, bound)
+            self._listeners.append(listener)
+            await self._listen(self._runners[0], listener)
+
+    async def remove_driver_sockets(self, drivers: list[str]) -> None:
+        """Stop listening for drivers a reloaded policy removed."""
+        gone = set(drivers)
+        for path, driver in list(self.gatekeeper.socket_drivers.items()):
+            if driver in gone:
+                del self.gatekeeper.socket_drivers[path]
+                log.info("closed driver=%s socket=%s", driver, path)
+        runner = self._runners[0] if self._runners else None
+        if runner is not None:
+            for site in list(runner.sites):
+                if isinstance(site, web.SockSite) and site.name.endswith(
+                    tuple(f"/{d}/{SOCKET_NAME}:" for d in gone)
+                ):
+                    await site.stop()
+        self._listeners = [
+            listener
+            for listener in self._listeners
+            if not (listener.role == "unix" and listener.driver in gone)
+        ]
+        if self._sockets is not None:
+            for driver in gone:
+                self._sockets.release(driver)  # only the file that is still ours
+
+
+async def run_until_signal(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    reload: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run ``start()``, wait for SIGINT/SIGTERM, then ``stop()`` (always); SIGHUP: ``reload``."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[None]] = set()
+    if reload is not None:
+
+        def on_hup() -> None:
+            task = asyncio.ensure_future(reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        try:
+            await start()
+        except BaseException:
+            await stop()  # whatever start() got to; its error is the one line to report
+            raise
+        try:
+            await stopping.wait()
+            log.info("stopping: draining in-flight requests")
+        finally:
+            await stop()
+        log.info("stopped")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
