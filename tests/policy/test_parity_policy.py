@@ -1,5 +1,6 @@
 """Policy data as the apiserver has it: per-version ``immutable`` ownership fields, rule OwnNode
-(the node's own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong, decided."""
+(the node's own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong,
+decided."""
 
 from __future__ import annotations
 
