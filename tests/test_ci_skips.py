@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KUBECTL_TEST = "tests/test_clients.py::test_kubectl_get_with_field_selector"
+KUBECTL_TEST = "tests/proxy/test_clients.py::test_kubectl_get_with_field_selector"
 
 
 def _pytest(target: str, tmp_path: Path, *extra: str, ci: bool) -> subprocess.CompletedProcess[str]:

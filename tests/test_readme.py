@@ -105,9 +105,10 @@ def test_a_fresh_clone_runs_the_readmes_commands_and_its_recording_tests(tmp_pat
     shown = _run(clone, ".venv/bin/dra-gatekeeper certs show certs/server.crt")
     assert "SANs:       IP:127.0.0.1" in shown.stdout, shown.stderr
     tests = (
-        "tests/testing/test_recordings.py tests/test_apiserver_parity.py "
-        "tests/policy/test_merge_patch.py tests/policy/test_claims_meaning.py "
-        "tests/test_proxy_claims.py -k 'recording or recorded or apiserver or python_client'"
+        "tests/apiserver/test_recordings.py tests/proxy/test_recorded_parity.py "
+        "tests/policy/test_merge_patch.py tests/policy/test_claims_status.py "
+        "tests/proxy/test_filtering_claims.py "
+        "-k 'recording or recorded or apiserver or python_client'"
     )
     result = _run(clone, f"CI=1 .venv/bin/pytest -q -p no:cacheprovider {tests}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

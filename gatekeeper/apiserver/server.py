@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatekeeper.apiserver import _discovery as disc
+import gatekeeper.apiserver._discovery as disc
 from gatekeeper.apiserver._errors import APIError, bad_request, path_not_found
 from gatekeeper.apiserver._handlers import Call, handle_resource, json_response, method_not_allowed
 from gatekeeper.apiserver._kinds import ServedKind

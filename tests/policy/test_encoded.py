@@ -19,7 +19,7 @@ from gatekeeper.policy.model import Field
 from gatekeeper.policy.plan import Plan
 from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
 from gatekeeper.request.requestinfo import parse_request
-from tests.test_kubeproto import META, SPEC, body, field
+from tests.codec.test_kubeproto import META, SPEC, body, field
 
 NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")

@@ -29,6 +29,7 @@ from gatekeeper.apiserver._json import deep
 from gatekeeper.apiserver.store import object_key
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.policy.loader import load_policy
+from tests.apiserver.test_recordings import REPLAY_KINDS
 from tests.realcluster.cluster import ApiError, RealCluster
 from tests.realcluster.conftest import DEFAULT_POLICY
 from tests.realcluster.differential import (
@@ -43,7 +44,6 @@ from tests.realcluster.differential import (
     is_watch,
 )
 from tests.recorded import parse, recording
-from tests.testing.test_recordings import REPLAY_KINDS
 
 TOKEN = "differential-token"
 WATCH_BOUND = 20.0  # seconds: every watch of the script ends by its own timeoutSeconds

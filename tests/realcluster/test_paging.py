@@ -1,7 +1,7 @@
 """Claim lists through the gatekeeper in front of a real kube-apiserver: a driver paging with
 ``limit=1`` in a namespace full of claims hidden from it learns nothing about them. The real
 apiserver's continue token names the last key of its page (the finding this guards against);
-the embedded API server's side of the same attack is ``tests/test_filtering.py``."""
+the embedded API server's side of the same attack is ``tests/proxy/test_filtering.py``."""
 
 from __future__ import annotations
 

@@ -40,8 +40,9 @@ from gatekeeper.testing.harness import (
     RecordingSink,
     running_gatekeeper,
 )
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 POLICIES = sorted(p for p in (ROOT / "policies").glob("*.yaml") if not p.stem.endswith("_test"))
 DRIVERS = [GPU, NIC]
 NAMES = ["a", "b"]

@@ -17,9 +17,9 @@ from aiohttp.test_utils import TestServer
 
 import gatekeeper.apiserver as apiserver_pkg
 from gatekeeper.apiserver import DRA_KINDS, APIServer, ServedKind, running_api_server
-from tests.testing.helpers import CLAIMS, MERGE, SLICES, call
+from tests.apiserver.helpers import CLAIMS, MERGE, SLICES, call
 
-# Must match tests/testing/conftest.py (conftest modules are not importable by name).
+# Must match tests/apiserver/conftest.py (conftest modules are not importable by name).
 KINDS: tuple[ServedKind, ...] = (*DRA_KINDS, ServedKind("", "nodes", "Node", False, ("v1",)))
 TOKEN = "test-token"
 TLSFiles = Any  # the conftest's TLSFiles: ca, server_cert/key, client_cert/key, other_client_*

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from gatekeeper.apiserver import APIServer, resource_slice
-from tests.testing.helpers import MERGE, SLICES, call
+from tests.apiserver.helpers import MERGE, SLICES, call
 
 GROUP, RESOURCE = "resource.k8s.io", "resourceslices"
 

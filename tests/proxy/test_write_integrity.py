@@ -172,7 +172,7 @@ async def test_apply_on_a_missing_slice_is_forwarded_as_the_apply(
 ) -> None:
     """ResourceSlice driver, node and pool are immutable (policy ``immutable``): the apply is
     forwarded as sent, so its fields belong to an Apply manager. A kind
-    without that guarantee gets a create: tests/test_apiserver_parity.py."""
+    without that guarantee gets a create: tests/proxy/test_recorded_parity.py."""
     status, body = await send_patch(gatekeeper, APPLY, slice_body(name=NAME), query=APPLY_QUERY)
     assert status == 201, body
     assert writes(apiserver) == [("PATCH", f"{SLICES}/{NAME}", APPLY_QUERY[1:])]

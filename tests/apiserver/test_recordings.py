@@ -76,7 +76,7 @@ SKIPPED: dict[int, str] = {
     **dict.fromkeys(
         (231, 241, 242, 243, 244, 246, 247, 250, 253, 255),
         "tokens are minted, not recorded (the recordings redact them): TokenRequest and "
-        "TokenReview are compared with these recordings in tests/testing/test_tokens.py",
+        "TokenReview are compared with these recordings in tests/apiserver/test_tokens.py",
     ),
     **dict.fromkeys(
         (232, 233, 234, 235, 236, 237, 238, 254, 256),
@@ -86,7 +86,7 @@ SKIPPED: dict[int, str] = {
     **dict.fromkeys(
         (239,), "a 403 from the apiserver's authorizer; the embedded server does no authorization"
     ),
-    **dict.fromkeys((245,), "a TokenRequest without a pod: tests/testing/test_tokens.py"),
+    **dict.fromkeys((245,), "a TokenRequest without a pod: tests/apiserver/test_tokens.py"),
     **dict.fromkeys((240, 257), "RBAC objects (clusterroles, clusterrolebindings) are not served"),
 }
 

@@ -21,6 +21,7 @@ from gatekeeper.testing.harness import (
     run_process,
     token_kubeconfig,
 )
+from tests.paths import REPO
 
 
 @pytest.mark.parametrize(
@@ -182,7 +183,7 @@ def test_readme_table_lists_every_serve_flag() -> None:
 
     from gatekeeper.cli.main import build_parser
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     table = readme[readme.index("| flag | meaning |") :]
     table = table[: table.index("\n\n")]
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

@@ -92,7 +92,7 @@ def requests(draw: st.DrawFn) -> tuple[str, str, str, Any]:
         return driver, "GET", draw(st.sampled_from(["/version", "/apis", "/api/v1/secrets"])), None
     if kind == 8:
         # Watches that are refused (another driver's, or unpinned): an allowed one would stay
-        # open until its timeout, and allowed watches are covered in test_proxy.py.
+        # open until its timeout, and allowed watches are covered in proxy/test_pipeline.py.
         other = NIC if driver == GPU else GPU
         selector = draw(st.sampled_from([_selector(other, NODE), "limit=1"]))
         return driver, "GET", f"{SLICES}?watch=true&{selector}", None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 
 from gatekeeper.apiserver import APIServer, resource_slice
-from tests.testing.helpers import CLAIMS, SLICES, call, claim
+from tests.apiserver.helpers import CLAIMS, SLICES, call, claim
 
 GROUP = "resource.k8s.io"
 ALLOCATION = {

@@ -11,6 +11,7 @@ import pytest
 from gatekeeper.errors import Refusal
 from gatekeeper.request import requestinfo
 from gatekeeper.request.requestinfo import ALLOWED_QUERY_PARAMETERS, RequestInfo, parse_request
+from tests.paths import REPO
 
 RS = "/apis/resource.k8s.io/v1"
 SL = f"{RS}/resourceslices"
@@ -449,9 +450,8 @@ def test_as_list_keeps_only_the_named_query_keys() -> None:
 def test_requestinfo_is_the_only_query_encoder() -> None:
     """Every query the gatekeeper sends is RequestInfo's canonical form (not the fake's)."""
     import ast
-    from pathlib import Path
 
-    package = Path(__file__).parents[1] / "gatekeeper"
+    package = REPO / "gatekeeper"
     encoders = {"urlencode", "quote", "quote_plus"}
     users = []
     for path in package.rglob("*.py"):

@@ -16,8 +16,9 @@ from gatekeeper.audit.tools.cli import EXIT_EMPTY, run_audit_command
 from gatekeeper.policy import load_policy
 from gatekeeper.testing.harness import GPU, NIC, Audited
 from tests.audit.logs import SA_GPU, SA_NIC, apiserver_event, record_run, write_apiserver_log
+from tests.paths import REPO
 
-DEFAULT = str(Path(__file__).parents[2] / "gatekeeper" / "policies" / "default.yaml")
+DEFAULT = str(REPO / "gatekeeper" / "policies" / "default.yaml")
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -28,6 +28,7 @@ from gatekeeper.testing.harness import (
     metric_value,
     running_gatekeeper,
 )
+from tests.paths import REPO
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = {"fieldSelector": f"spec.nodeName={NODE},spec.driver={GPU}"}
@@ -190,7 +191,7 @@ async def test_deleted_policy_file_keeps_the_last_good_policy(
     apiserver: APIServer, pki: PKI, tmp_path: Path
 ) -> None:
     policy_file = tmp_path / "policy.yaml"
-    default = Path(__file__).resolve().parent.parent / "gatekeeper" / "policies" / "default.yaml"
+    default = REPO / "gatekeeper" / "policies" / "default.yaml"
     policy_file.write_text(default.read_text().replace("drivers: []", f"drivers: [{GPU}]"))
     policy = load_policy(str(policy_file))
     async with (

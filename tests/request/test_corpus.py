@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +23,10 @@ from gatekeeper.testing.harness import (
     Running,
     running_gatekeeper,
 )
+from tests.paths import REPO
 from tests.rawhttp import build_request, send_raw_all
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = REPO / "tests" / "corpus"
 _BOMB_LINES = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'] + [
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)
 ]

@@ -33,10 +33,11 @@ from gatekeeper.testing.harness import (
     serve_config,
 )
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
+from tests.paths import REPO
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
-DEFAULT = Path(__file__).resolve().parent.parent / "gatekeeper" / "policies" / "default.yaml"
+DEFAULT = REPO / "gatekeeper" / "policies" / "default.yaml"
 
 
 def policy_text(*, slice_verbs: str | None = None) -> str:

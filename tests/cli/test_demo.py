@@ -15,8 +15,9 @@ import yaml
 
 from gatekeeper.apiserver import resource_slice
 from gatekeeper.testing.harness import GPU, KUBECTL, free_port
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 
 
 @pytest.mark.kubectl

@@ -14,6 +14,7 @@ from gatekeeper.apiserver import APIServer
 from gatekeeper.audit.tools.cli import run_audit_command
 from gatekeeper.testing.harness import GPU, NODE, Audited
 from tests.audit.logs import SA_GPU, apiserver_event, record_run, write_apiserver_log
+from tests.paths import REPO
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -132,7 +133,7 @@ async def test_summarize_and_check_never_repeat_a_word(
     assert code == 0 and repeated_words(table) == []
     loose = tmp_path / "loose.yaml"  # no pool rule: the refused create becomes allowed
     loose.write_text(
-        (Path(__file__).parents[2] / "policies" / "default.yaml")
+        (REPO / "policies" / "default.yaml")
         .read_text()
         .replace("        pool: spec.pool.name\n", "")
         .replace("immutable: [driver, node, pool]", "immutable: [driver, node]")
