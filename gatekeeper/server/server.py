@@ -21,6 +21,7 @@ from aiohttp import web
 from gatekeeper import __version__
 from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
+from gatekeeper.listen.capacity import ConnectionGuard
 from gatekeeper.listen.connections import GuardedRunner
 from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
 from gatekeeper.listen.tlsgate import TLSGateSite
@@ -213,6 +214,8 @@ class GatekeeperServer:
         self.token_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
+        self.guard: ConnectionGuard | None = None
+        """Counts the listeners' connections (set by :meth:`start`)."""
 
     @property
     def engine(self) -> Engine:
@@ -229,6 +232,7 @@ class GatekeeperServer:
         runner.guard.on_identified = self._identified
         await runner.setup()
         self._runners.append(runner)
+        self.guard = runner.guard
         self.metrics.registry.register(IsolationCollector(runner.guard))
         health_runner: web.BaseRunner | None = None
         for listener in self._listeners:

@@ -282,6 +282,8 @@ class _Pool:
         self.name = name
         self.size = size
         self.free = asyncio.Semaphore(size)
+        self.in_use = 0
+        """Connections held now (read by tests and by nothing on the request path)."""
         self.session: aiohttp.ClientSession | None = None
 
     @asynccontextmanager
@@ -298,11 +300,13 @@ class _Pool:
                 f"(all {self.size} in use); retry later",
             ) from None
         held = True
+        self.in_use += 1
 
         def release() -> None:
             nonlocal held
             if held:
                 held = False
+                self.in_use -= 1
                 self.free.release()
 
         try:

@@ -47,14 +47,22 @@ async def guarded(
         yield running, sink
 
 
-async def _open(path: Path, count: int, data: bytes = b"") -> list[asyncio.StreamWriter]:
+async def _open(
+    running: Running, driver: str, count: int, data: bytes = b""
+) -> list[asyncio.StreamWriter]:
+    """``count`` connections to ``driver``'s socket, returned once the gatekeeper has counted
+    each (held, or refused as over a cap)."""
+    guard = running.server.guard
+    assert guard is not None
+    key = ("unix", driver)
+    before = guard.open[key] + guard.refused[key]
     writers = []
     for _ in range(count):
-        _, writer = await asyncio.open_unix_connection(str(path))
+        _, writer = await asyncio.open_unix_connection(str(running.socket_path(driver)))
         if data:
             writer.write(data)
         writers.append(writer)
-    await asyncio.sleep(0.05)  # let the gatekeeper accept them
+    await _until(lambda: guard.open[key] + guard.refused[key] >= before + count)
     return writers
 
 
@@ -62,7 +70,7 @@ async def test_one_driver_cannot_hold_every_connection(
     guarded: tuple[Running, RecordingSink],
 ) -> None:
     running, _ = guarded
-    held = await _open(running.socket_path(GPU), 8, b"GET /version HTTP/1.1\r\nHo")
+    held = await _open(running, GPU, 8, b"GET /version HTTP/1.1\r\nHo")
     try:
         refused = await send_raw(running.socket_path(GPU), build_request("GET", "/version"))
         assert refused.status == 429 and refused.headers["retry-after"] == "1"
@@ -79,8 +87,8 @@ async def test_the_total_cap_holds_before_descriptors_run_out(
 ) -> None:
     limits = Limits(connections_per_driver=8, connections_total=12)
     async with running_gatekeeper(apiserver, policy, pki, limits=limits) as running:
-        held = await _open(running.socket_path(GPU), 8)
-        held += await _open(running.socket_path(NIC), 4)
+        held = await _open(running, GPU, 8)
+        held += await _open(running, NIC, 4)
         try:
             refused = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
             assert refused.status == 429
@@ -88,7 +96,9 @@ async def test_the_total_cap_holds_before_descriptors_run_out(
         finally:
             for writer in held[:8]:
                 writer.close()
-        await asyncio.sleep(0.05)
+        guard = running.server.guard
+        assert guard is not None
+        await _until(lambda: guard.open[("unix", GPU)] == 0)
         served = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
         assert served.status == 200
         for writer in held[8:]:
@@ -146,7 +156,7 @@ async def test_metrics_count_what_no_event_counts(
     async with running_gatekeeper(
         apiserver, policy, pki, limits=limits, health_listen=("127.0.0.1", 0)
     ) as running:
-        held = await _open(running.socket_path(GPU), 2)
+        held = await _open(running, GPU, 2)
         refused = await send_raw(running.socket_path(GPU), build_request("GET", "/version"))
         assert refused.status == 429
         for writer in held:
@@ -190,9 +200,10 @@ async def test_the_issues_300_half_open_connections(
     The driver keeps 128 (its cap, until the header timeout), the rest are refused at once,
     and the other driver is answered."""
     async with running_gatekeeper(apiserver, policy, pki) as running:
-        held = await _open(running.socket_path(GPU), 300, b"GET /version HTTP/1.1\r\nHo")
+        held = await _open(running, GPU, 300, b"GET /version HTTP/1.1\r\nHo")
         try:
-            guard = running.server._runners[0].guard  # type: ignore[attr-defined]
+            guard = running.server.guard
+            assert guard is not None
             assert guard.open[("unix", GPU)] == 128
             assert guard.refused[("unix", GPU)] == 300 - 128
             other = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
@@ -242,7 +253,8 @@ async def test_connections_without_a_credential_never_crowd_out_drivers(
     async with running_gatekeeper(
         apiserver, policy, pki, health_listen=("127.0.0.1", 0)
     ) as running:
-        guard = running.server._runners[0].guard  # type: ignore[attr-defined]
+        guard = running.server.guard
+        assert guard is not None
         port = running.server.tls_port
         assert port is not None
         for source in ATTACKERS:
@@ -296,7 +308,8 @@ async def test_unix_sockets_and_mtls_never_share_a_cap(
 ) -> None:
     limits = Limits(connections_per_driver=8, connections_total=8)
     async with running_gatekeeper(apiserver, policy, pki, limits=limits) as running:
-        guard = running.server._runners[0].guard  # type: ignore[attr-defined]
+        guard = running.server.guard
+        assert guard is not None
         port = running.server.tls_port
         held = [
             (await asyncio.open_connection("127.0.0.1", port, ssl=pki.client_context(GPU)))[1]
@@ -321,7 +334,8 @@ async def test_the_unauthenticated_bucket_closes_its_oldest(
     still gets in (the oldest idle one is closed for it), and is then counted as the driver's."""
     limits = Limits(connections_unauthenticated=4)
     async with running_gatekeeper(apiserver, policy, pki, limits=limits) as running:
-        guard = running.server._runners[0].guard  # type: ignore[attr-defined]
+        guard = running.server.guard
+        assert guard is not None
         port = running.server.tls_port
         idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
         key = ("mtls", UNAUTHENTICATED)

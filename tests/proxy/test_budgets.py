@@ -26,6 +26,7 @@ from gatekeeper.testing.harness import (
     running_gatekeeper,
     seed,
 )
+from gatekeeper.upstream.session import UpstreamSession
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # A list at a resourceVersion the store has not reached waits (the apiserver: 3 s, then 504):
@@ -49,17 +50,22 @@ async def started(
 
 @asynccontextmanager
 async def holding(
-    session: aiohttp.ClientSession, count: int, **params: str
+    gk: Running, session: aiohttp.ClientSession, count: int, **params: str
 ) -> AsyncIterator[list[asyncio.Task[int]]]:
-    """``count`` requests of ``session`` kept open (watches, or lists that wait)."""
+    """``count`` requests of ``session`` kept open (watches, or lists that wait), returned once
+    the gatekeeper holds an upstream connection for each of them."""
 
     async def one() -> int:
         async with session.get(SLICES, params=params) as response:
             await response.read()
             return response.status
 
+    upstream = gk.server.upstream
+    assert isinstance(upstream, UpstreamSession)
+    pool = upstream.pools["watches" if params.get("watch") else "requests"]
+    before = pool.in_use
     tasks = [asyncio.create_task(one()) for _ in range(count)]
-    await asyncio.sleep(0.3)  # all of them accepted and upstream
+    await _until(lambda: pool.in_use >= before + count)
     try:
         yield tasks
     finally:
@@ -75,7 +81,7 @@ async def test_over_the_watch_budget_is_429_and_audited(
         started(apiserver, policy, pki, Limits(watches_per_driver=3)) as (gk, sink),
         gk.unix_session(GPU) as gpu,
         gk.unix_session(NIC) as nic,
-        holding(gpu, 3, **pinned(GPU, watch="true")) as watches,
+        holding(gk, gpu, 3, **pinned(GPU, watch="true")) as watches,
     ):
         async with gpu.get(SLICES, params=pinned(GPU, watch="true")) as refused:
             assert refused.status == 429
@@ -100,7 +106,7 @@ async def test_over_the_inflight_budget_is_429_other_driver_served(
         started(apiserver, policy, pki, Limits(inflight_per_driver=2)) as (gk, _),
         gk.unix_session(GPU) as gpu,
         gk.unix_session(NIC) as nic,
-        holding(gpu, 2, **pinned(GPU, **FUTURE)),
+        holding(gk, gpu, 2, **pinned(GPU, **FUTURE)),
     ):
         async with gpu.get("/version") as refused:
             assert refused.status == 429 and refused.headers["Retry-After"] == "1"
@@ -120,7 +126,7 @@ async def test_own_reads_never_wait_behind_drivers_watches(
         started(apiserver, policy, pki, limits) as (gk, _),
         gk.unix_session(GPU) as gpu,
         gk.unix_session(NIC) as nic,
-        holding(gpu, 4, **pinned(GPU, watch="true")),
+        holding(gk, gpu, 4, **pinned(GPU, watch="true")),
     ):
         async with nic.get(f"{SLICES}/nic-slice") as fetched:
             assert fetched.status == 200  # the engine's read used the gatekeeper's own pool
@@ -141,7 +147,7 @@ async def test_waiting_for_a_request_connection_is_bounded(
         gk.unix_session(GPU) as gpu,
         AsyncExitStack() as stack,
     ):
-        await stack.enter_async_context(holding(gpu, 2, **pinned(GPU, **FUTURE)))
+        await stack.enter_async_context(holding(gk, gpu, 2, **pinned(GPU, **FUTURE)))
         async with gpu.get(SLICES, params=pinned(GPU)) as waited:
             assert waited.status == 503 and waited.headers["Retry-After"] == "1"
 
@@ -189,7 +195,7 @@ async def test_a_watch_prime_takes_a_request_of_the_drivers_budget(
         started(apiserver, policy, pki, Limits(inflight_per_driver=1)) as (gk, _sink),
         gk.unix_session(GPU) as gpu,
         gk.unix_session(NIC) as nic,
-        holding(gpu, 1, **pinned(GPU, **FUTURE)),
+        holding(gk, gpu, 1, **pinned(GPU, **FUTURE)),
     ):
         budgets = gk.server.gatekeeper.budgets
         await _until(lambda: budgets.inflight[GPU] == 1)
