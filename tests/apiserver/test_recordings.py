@@ -6,8 +6,8 @@ new session, so state evolves as it did on the real apiserver. Every write spend
 resourceVersion, as it did there, and the versions the embedded server assigns are checked
 against the recorded ones; the counter is moved forward (``Store.advance_rv``) only at the
 few places, listed in ``SPENT_ELSEWHERE``, where the real cluster spent versions on writes that
-were not recorded or are not served here (RBAC objects, leases, events); a few writes the recorder made while a watch was open are
-re-made here (from the history recording 92 shows). ``generateName`` is made deterministic
+were not recorded or are not served here (RBAC objects, leases, events); a few writes the
+recorder made while a watch was open are re-made here (from the history recording 92 shows). ``generateName`` is made deterministic
 so that recording 16's name (and the continue tokens derived from it) match. Each recording
 is then one test: status code, Status reason/message/details, objects, lists (names, list
 metadata, continue tokens), tables, and for watches the event sequence and framing.
