@@ -4,16 +4,17 @@ The recordings (``tests/recordings``, its README says what they are) are three s
 148-205 and 206-262; they are replayed in order through one embedded server, reset before each
 new session, so state evolves as it did on the real apiserver. Every write spends one
 resourceVersion, as it did there, and the versions the embedded server assigns are checked
-against the recorded ones; the counter is moved forward (``Store.advance_rv``) only at the
-few places, listed in ``SPENT_ELSEWHERE``, where the real cluster spent versions on writes that
-were not recorded or are not served here (RBAC objects, leases, events); a few writes the
-recorder made while a watch was open are re-made here (from the history recording 92 shows). ``generateName`` is made deterministic
-so that recording 16's name (and the continue tokens derived from it) match. Each recording
-is then one test: status code, Status reason/message/details, objects, lists (names, list
-metadata, continue tokens), tables, and for watches the event sequence and framing.
-Recordings the embedded server cannot reproduce are listed in ``SKIPPED`` with the reason (they
-are not sent, and not reported as skipped tests); ``INSTEAD`` holds the one answer that
-deliberately differs from the recording (224, where the real apiserver panicked).
+against the recorded ones; the counter is moved forward (``Store.advance_rv``) only at the few
+places, listed in ``SPENT_ELSEWHERE``, where the real cluster spent versions on writes that were
+not recorded or are not served here (RBAC objects, leases, events); a few writes the recorder
+made while a watch was open are re-made here (from the history recording 92 shows).
+``generateName`` is made deterministic so that recording 16's name (and the continue tokens
+derived from it) match. Each recording is then one test: status code, Status
+reason/message/details, objects, lists (names, list metadata, continue tokens), tables, and for
+watches the event sequence and framing. Recordings the embedded server cannot reproduce are
+listed in ``SKIPPED`` with the reason (they are not sent, and not reported as skipped tests);
+``INSTEAD`` holds the one answer that deliberately differs from the recording (224, where the
+real apiserver panicked).
 """
 
 from __future__ import annotations
