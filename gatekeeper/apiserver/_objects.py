@@ -131,17 +131,7 @@ def prepare_create(
     meta = out.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
-    name = meta.get("name") or ""
-    if not name and meta.get("generateName"):
-        name = generate_name(str(meta["generateName"]))
-    if not name:
-        cause = {
-            "reason": "FieldValueRequired",
-            "field": "metadata.name",
-            "message": "Required value: name or generateName is required",
-        }
-        raise invalid(kind, "", [cause])
-    _check_name(kind, name)
+    name = _created_name(kind, meta)
     if meta.get("resourceVersion") and not seeding:
         raise _internal_error("resourceVersion should not be set on objects to be created")
     kept = {k: meta[k] for k in _SYSTEM_META if seeding and k in meta}
@@ -168,6 +158,22 @@ def prepare_create(
         "apiVersion": kind.group_version(kind.versions[0]),
         **{k: v for k, v in out.items() if k not in ("kind", "apiVersion")},
     }
+
+
+def _created_name(kind: ServedKind, meta: dict[str, Any]) -> str:
+    """The name a create stores: the given one, or one generated from ``generateName``."""
+    name = str(meta.get("name") or "")
+    if not name and meta.get("generateName"):
+        name = generate_name(str(meta["generateName"]))
+    if not name:
+        cause = {
+            "reason": "FieldValueRequired",
+            "field": "metadata.name",
+            "message": "Required value: name or generateName is required",
+        }
+        raise invalid(kind, "", [cause])
+    _check_name(kind, name)
+    return name
 
 
 def _internal_error(message: str) -> APIError:
@@ -269,14 +275,7 @@ def prepare_update(
     _namespace(kind, meta, namespace)
     _check_preconditions(kind, stored, meta)
     if subresource == "status":
-        new = dict(stored)
-        if "status" in body:
-            new["status"] = deep(copy.deepcopy, body["status"])
-        elif kind.status_always:
-            new["status"] = {}
-        else:
-            new.pop("status", None)
-        return new
+        return _status_update(kind, stored, body)
     new_meta = {k: v for k, v in meta.items() if k not in ("managedFields", "selfLink")}
     for key in (*_SYSTEM_META, "namespace", "resourceVersion", "managedFields"):
         new_meta.pop(key, None)
@@ -292,6 +291,18 @@ def prepare_update(
     if kind.sets_generation and deep(_differ, _spec_part(new), _spec_part(stored)):
         new_meta["generation"] = int(stored["metadata"].get("generation", 0)) + 1
     new["metadata"] = _ordered_meta(new_meta)
+    return new
+
+
+def _status_update(kind: ServedKind, stored: KubeObject, body: KubeObject) -> KubeObject:
+    """Through ``/status`` only ``.status`` changes."""
+    new = dict(stored)
+    if "status" in body:
+        new["status"] = deep(copy.deepcopy, body["status"])
+    elif kind.status_always:
+        new["status"] = {}
+    else:
+        new.pop("status", None)
     return new
 
 

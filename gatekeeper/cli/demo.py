@@ -194,43 +194,11 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
     url = await api.start()
     tasks: list[asyncio.Task[None]] = []
     try:
-        config = ServeConfig(
-            node_name=DEMO_NODE,
-            policy=policy,
-            upstream=UpstreamConfig(server=url, token=api.token),
-            socket_dir=workdir / "sockets",
-            listen=("127.0.0.1", port),
-            listen_flag="--port",
-            listen_tls=server_ssl_context(
-                files["server.crt"], files["server.key"], files["ca.crt"]
-            ),
-            listen_token=("127.0.0.1", 0),
-            token_tls=token_ssl_context(files["server.crt"], files["server.key"]),
-            audit=AuditSettings(path=str(workdir / "audit.log")),
-            shutdown_grace=5.0,
-        )
-        server = GatekeeperServer(config)
+        server = GatekeeperServer(_demo_config(workdir, port, policy, api, url, files))
 
         async def start() -> None:
             await server.start()
-            kubeconfig = _write_kubeconfig(
-                workdir / f"{DEMO_DRIVER}.kubeconfig",
-                f"https://127.0.0.1:{server.tls_port}",
-                {"certificate-authority": files["ca.crt"]},
-                {
-                    "client-certificate": files[f"{DEMO_DRIVER}.crt"],
-                    "client-key": files[f"{DEMO_DRIVER}.key"],
-                },
-            )
-            token = _write_service_account(workdir, api, files["ca.crt"])
-            token_kubeconfig = _write_kubeconfig(
-                workdir / "token.kubeconfig",
-                f"https://127.0.0.1:{server.token_port}",
-                {"certificate-authority": files["ca.crt"]},
-                {"tokenFile": str(token)},
-            )
-            _print_instructions(workdir, kubeconfig, keep=keep, every=every)
-            _print_token_instructions(workdir, token_kubeconfig, server.token_port)
+            _print_how_to_connect(workdir, server, api, files, keep=keep, every=every)
             if every > 0:
                 tasks.append(asyncio.ensure_future(_change_periodically(api, every)))
 
@@ -239,6 +207,55 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
         for task in tasks:
             task.cancel()
         await api.close()
+
+
+def _demo_config(
+    workdir: Path, port: int, policy: Policy, api: APIServer, url: str, files: dict[str, str]
+) -> ServeConfig:
+    """The demo's gatekeeper: every listener, in front of the embedded API server."""
+    return ServeConfig(
+        node_name=DEMO_NODE,
+        policy=policy,
+        upstream=UpstreamConfig(server=url, token=api.token),
+        socket_dir=workdir / "sockets",
+        listen=("127.0.0.1", port),
+        listen_flag="--port",
+        listen_tls=server_ssl_context(files["server.crt"], files["server.key"], files["ca.crt"]),
+        listen_token=("127.0.0.1", 0),
+        token_tls=token_ssl_context(files["server.crt"], files["server.key"]),
+        audit=AuditSettings(path=str(workdir / "audit.log")),
+        shutdown_grace=5.0,
+    )
+
+
+def _print_how_to_connect(
+    workdir: Path,
+    server: GatekeeperServer,
+    api: APIServer,
+    files: dict[str, str],
+    *,
+    keep: bool,
+    every: float,
+) -> None:
+    """Write the drivers' kubeconfigs (certificate and token) and print how to use them."""
+    kubeconfig = _write_kubeconfig(
+        workdir / f"{DEMO_DRIVER}.kubeconfig",
+        f"https://127.0.0.1:{server.tls_port}",
+        {"certificate-authority": files["ca.crt"]},
+        {
+            "client-certificate": files[f"{DEMO_DRIVER}.crt"],
+            "client-key": files[f"{DEMO_DRIVER}.key"],
+        },
+    )
+    token = _write_service_account(workdir, api, files["ca.crt"])
+    token_kubeconfig = _write_kubeconfig(
+        workdir / "token.kubeconfig",
+        f"https://127.0.0.1:{server.token_port}",
+        {"certificate-authority": files["ca.crt"]},
+        {"tokenFile": str(token)},
+    )
+    _print_instructions(workdir, kubeconfig, keep=keep, every=every)
+    _print_token_instructions(workdir, token_kubeconfig, server.token_port)
 
 
 async def _upstream_only(workdir: Path, port: int) -> None:

@@ -109,29 +109,8 @@ def _add_source_arguments(serve: _Group) -> None:
 
 def _add_tls_arguments(serve: _Group) -> None:
     """The listeners: service-account tokens, driver sockets, and mTLS, with their files."""
+    _add_token_arguments(serve)
     add = serve.add_argument
-    add(
-        "--listen-token",
-        metavar="HOST:PORT",
-        help="the token listener (TLS): driver = the service account of its bearer token, by "
-        "TokenReview, mapped under serviceAccounts in the policy (default: none)",
-    )
-    add(
-        "--token-audience",
-        action="append",
-        default=[],
-        metavar="AUDIENCE",
-        help="review tokens for this audience (repeatable; default: the apiserver's own, "
-        "which in-cluster tokens carry)",
-    )
-    add(
-        "--token-cache-ttl",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="reuse a positive TokenReview this long at most, never past the token's expiry "
-        "(default: 10; at most 60)",
-    )
     add(
         "--socket-dir",
         metavar="DIR",
@@ -164,6 +143,33 @@ def _add_tls_arguments(serve: _Group) -> None:
         "--client-ca-file",
         metavar="FILE",
         help="CA that signs driver client certificates (PEM), reloaded; required with --listen",
+    )
+
+
+def _add_token_arguments(serve: _Group) -> None:
+    """The token listener: drivers identified by their service-account tokens."""
+    add = serve.add_argument
+    add(
+        "--listen-token",
+        metavar="HOST:PORT",
+        help="the token listener (TLS): driver = the service account of its bearer token, by "
+        "TokenReview, mapped under serviceAccounts in the policy (default: none)",
+    )
+    add(
+        "--token-audience",
+        action="append",
+        default=[],
+        metavar="AUDIENCE",
+        help="review tokens for this audience (repeatable; default: the apiserver's own, "
+        "which in-cluster tokens carry)",
+    )
+    add(
+        "--token-cache-ttl",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="reuse a positive TokenReview this long at most, never past the token's expiry "
+        "(default: 10; at most 60)",
     )
 
 

@@ -237,39 +237,57 @@ def first_difference(
         return None
     exact = opaque is None or any(keys[: len(path)] == path for path in opaque)
     if isinstance(stored, dict) and isinstance(proposed, dict):
-        for key in [*stored, *(k for k in proposed if k not in stored)]:
-            child = _child(prefix, key)
-            if key not in proposed and stored[key] is None and not exact:
-                continue  # null and absent decode alike into the apiserver's Go types
-            if key not in stored or key not in proposed:
-                return child
-            found = first_difference(
-                stored[key],
-                proposed[key],
-                child,
-                opaque=opaque,
-                times=times,
-                keys=(*keys, str(key)),
-            )
-            if found:
-                return found
-        return None
+        return _first_in_object(stored, proposed, prefix, exact, opaque, times, keys)
     if isinstance(stored, list) and isinstance(proposed, list):
-        for index in range(max(len(stored), len(proposed))):
-            child = f"{prefix}[{index}]"
-            if index >= len(stored) or index >= len(proposed):
-                return child
-            found = first_difference(
-                stored[index], proposed[index], child, opaque=opaque, times=times, keys=keys
-            )
-            if found:
-                return found
-        return None
+        return _first_in_list(stored, proposed, prefix, opaque, times, keys)
     if type(stored) is type(proposed) and stored == proposed:
         return None
     if not exact and keys in times and isinstance(stored, str) and isinstance(proposed, str):
         return None if same_instant(stored, proposed) else prefix or "the object"
     return prefix or "the object"
+
+
+def _first_in_object(
+    stored: dict[str, Any],
+    proposed: dict[str, Any],
+    prefix: str,
+    exact: bool,
+    opaque: tuple[FieldPath, ...] | None,
+    times: tuple[FieldPath, ...],
+    keys: FieldPath,
+) -> str | None:
+    for key in [*stored, *(k for k in proposed if k not in stored)]:
+        child = _child(prefix, key)
+        if key not in proposed and stored[key] is None and not exact:
+            continue  # null and absent decode alike into the apiserver's Go types
+        if key not in stored or key not in proposed:
+            return child
+        found = first_difference(
+            stored[key], proposed[key], child, opaque=opaque, times=times, keys=(*keys, str(key))
+        )
+        if found:
+            return found
+    return None
+
+
+def _first_in_list(
+    stored: list[Any],
+    proposed: list[Any],
+    prefix: str,
+    opaque: tuple[FieldPath, ...] | None,
+    times: tuple[FieldPath, ...],
+    keys: FieldPath,
+) -> str | None:
+    for index in range(max(len(stored), len(proposed))):
+        child = f"{prefix}[{index}]"
+        if index >= len(stored) or index >= len(proposed):
+            return child
+        found = first_difference(
+            stored[index], proposed[index], child, opaque=opaque, times=times, keys=keys
+        )
+        if found:
+            return found
+    return None
 
 
 # RFC 3339 date-time as Go's time.RFC3339 parses it (upper-case T and Z, any fraction).

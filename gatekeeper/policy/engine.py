@@ -146,6 +146,13 @@ class Engine:
             return self._apply_create(driver, info, kind, version, body)
         if current is None:
             return not_found(info, kind.qualified)
+        return self._decide_stored(plan, body, current, proposed)
+
+    def _decide_stored(
+        self, plan: Plan, body: Any, current: KubeObject, proposed: Preview | None
+    ) -> Decision:
+        """A request on a stored object: the caller's on this node, then its verb's rule."""
+        info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         if problem := ownership_violation(version, current, driver, self.node_name, stored=True):
             return forbid(driver, info, problem)
         if info.verb == "get" and plan.answer_from_fetch:

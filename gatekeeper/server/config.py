@@ -12,6 +12,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.audit import AuditLevel
 from gatekeeper.codec.selectors import check_label
@@ -159,37 +160,51 @@ def build_serve_config(
     audit = _audit_settings(audit_log, audit_level, audit_max_size_mb, audit_max_backups)
     if shutdown_grace < 0:
         raise ConfigError("--shutdown-grace-period must not be negative")
+    labels = parse_node_labels(node_labels)
+    resolved = resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ)
+    tls_files = (tls_cert_file, tls_key_file, client_ca_file)
+    listeners = _listener_settings(socket_dir, listen, listen_token, health_listen, tls_files)
     return ServeConfig(
         node_name=node,
-        node_labels=parse_node_labels(node_labels),
+        node_labels=labels,
         policy=policy,
         policy_path=policy_path,
         extra_drivers=extra,
-        upstream=resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ),
-        socket_dir=check_socket_dir(socket_dir) if socket_dir is not None else None,
-        listen=parse_host_port(listen, "--listen") if listen is not None else None,
-        listen_tls=(
-            server_ssl_context(tls_cert_file, tls_key_file, client_ca_file)
-            if listen is not None
-            else None
-        ),
-        listen_token=(
-            parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
-        ),
-        token_tls=(
-            token_ssl_context(tls_cert_file, tls_key_file) if listen_token is not None else None
-        ),
+        upstream=resolved,
+        **listeners,
         token_audiences=tuple(token_audiences),
         token_cache_ttl=token_cache_ttl,
         audit=audit,
-        health_listen=(
-            parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
-        ),
         shutdown_grace=shutdown_grace,
         cert_expiry_warning=cert_expiry_warning_days * _DAY,
         socket_group=resolve_group(socket_group),
         limits=fit_to_descriptors(limits.check()),
     )
+
+
+def _listener_settings(
+    socket_dir: str | None,
+    listen: str | None,
+    listen_token: str | None,
+    health_listen: str | None,
+    tls_files: tuple[str | None, str | None, str | None],
+) -> dict[str, Any]:
+    """The listeners' fields of :class:`ServeConfig`, each checked (its files read) in turn."""
+    cert, key, client_ca = tls_files
+    return {
+        "socket_dir": check_socket_dir(socket_dir) if socket_dir is not None else None,
+        "listen": parse_host_port(listen, "--listen") if listen is not None else None,
+        "listen_tls": (
+            server_ssl_context(cert, key, client_ca) if listen is not None else None
+        ),
+        "listen_token": (
+            parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
+        ),
+        "token_tls": token_ssl_context(cert, key) if listen_token is not None else None,
+        "health_listen": (
+            parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
+        ),
+    }
 
 
 def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:

@@ -69,7 +69,12 @@ class Metrics:
         self.policy: Callable[[], LabelPolicy] | None = None
         """The policy now served (set by the server): which drivers and kinds are known."""
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._watch_drivers: dict[str, str] = {}
+        self._request_metrics(self.registry)
+        self._part_metrics(self.registry)
+
+    def _request_metrics(self, r: CollectorRegistry) -> None:
+        """What requests do: counted from their audit events, and the upstream's answers."""
         self.requests = Counter(
             "dra_gatekeeper_requests",
             "Finished requests by driver, verb, resource, decision and HTTP code.",
@@ -93,6 +98,9 @@ class Metrics:
         self.watches = Gauge(
             "dra_gatekeeper_watches_open", "Watches streaming, by driver.", ["driver"], registry=r
         )
+
+    def _part_metrics(self, r: CollectorRegistry) -> None:
+        """What the parts that know report: TLS, token reviews, reloads, certificates."""
         self.tls_failures = Counter(
             "dra_gatekeeper_tls_handshake_failures",
             "Failed TLS handshakes on the mTLS listener, by reason.",
@@ -125,7 +133,6 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("dra_gatekeeper_ready", "1 when /readyz answers ok.", registry=r)
-        self._watch_drivers: dict[str, str] = {}
 
     def render(self) -> bytes:
         """The exposition text."""
