@@ -60,8 +60,8 @@ def test_a_new_kind_is_inferred_from_its_objects() -> None:
     doc = yaml.safe_load(generate_policy(records, BASE))
     (kind,) = doc["kinds"]
     assert kind["kind"] == "NodeWidget" and kind["scope"] == "Cluster"
-    assert kind["versions"] == {"v1": {"driver": "spec.owner", "node": "spec.host",
-                                       "pool": "spec.pool.name"}}  # fmt: skip
+    assert kind["versions"] == [{"names": ["v1"], "driver": "spec.owner", "node": "spec.host",
+                                 "pool": "spec.pool.name"}]  # fmt: skip
     assert kind["listSelector"] == "Inject"  # the list did not pin the node itself
 
 
