@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from gatekeeper.policy import loader
+from gatekeeper.policy import loader, parse_policy
 from gatekeeper.policy._kinds import KIND_KEYS, OVERRIDE_KEYS
 from gatekeeper.policy._versions import ALLOCATION_KEYS, VERSION_KEYS
 from gatekeeper.policy.model import (
@@ -165,3 +165,20 @@ def test_the_documents_the_refusals_are_made_from_validate() -> None:
         ),
     ):
         assert errors(POLICY_SCHEMA, yaml.safe_load(text)) == []
+
+
+def readme_policies() -> list[str]:
+    """The policy examples of README.md's "The policy file"."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## The policy file\n") : readme.index("## Choices where")]
+    blocks = section.split("```yaml\n")[1:]
+    return [block.split("```")[0] for block in blocks if "kind: Policy" in block]
+
+
+def test_the_readme_policy_examples_load_and_validate() -> None:
+    examples = readme_policies()
+    assert len(examples) == 2
+    for text in examples:
+        policy = parse_policy(text, "README.md")
+        assert policy.kinds, text
+        assert errors(POLICY_SCHEMA, yaml.safe_load(text)) == [], text
