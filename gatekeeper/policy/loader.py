@@ -336,9 +336,10 @@ def _merge_included(merged: _Partial, included: _Partial) -> None:
 
 
 def _list(ctx: Context, top: Mapping[str, Any], key: str) -> list[Any]:
+    """``kinds`` or ``overrides``: absent, or a non-empty list (an empty one is a mistake)."""
     raw = top.get(key, [])
     if not isinstance(raw, list) or (key in top and not raw):
-        ctx.fail(key, "must be a non-empty list when given (an empty policy would allow nothing)")
+        ctx.fail(key, "must be a non-empty list when given")
     return raw
 
 
