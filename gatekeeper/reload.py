@@ -1,9 +1,10 @@
 """Reloads without a restart: the policy, the upstream token, the mTLS listener's files.
 
 Each watched file is polled (inode, size, mtime, following symlinks, so a ConfigMap update —
-an atomic swap of the ``..data`` symlink — is seen); SIGHUP reloads the policy and the TLS
-files at once. A new policy that does not load is refused: the old one keeps serving, the
-failure is logged and counted. Certificates close to expiry are logged and exported.
+an atomic swap of the ``..data`` symlink — is seen): for the policy, every file it was read
+from, its includes too; SIGHUP reloads the policy and the TLS files at once. A new policy that
+does not load is refused: the old one keeps serving, the failure is logged and counted.
+Certificates close to expiry are logged and exported.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from gatekeeper.errors import ConfigError
@@ -35,7 +36,10 @@ class Reloader:
     def __init__(self, server: GatekeeperServer) -> None:
         self._server = server
         config = server.config
-        self._policy_seen = _identity(config.policy_path)
+        # Every file the policy was read from (its includes too), and how each looked then.
+        self._policy_seen = _identities(
+            server.engine.policy.files if config.policy_path is not None else ()
+        )
         self._token_seen = _identity(config.tokens.token_file)
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -76,7 +80,7 @@ class Reloader:
         that finds them as they were reports nothing about them."""
         async with self._lock:
             config = self._server.config
-            policy_now = _identity(config.policy_path)
+            policy_now = _identities(self._policy_seen)
             if config.policy_path is not None and (force or policy_now != self._policy_seen):
                 self._policy_seen = policy_now
                 await self._reload_policy()
@@ -105,16 +109,23 @@ class Reloader:
         server = self._server
         config = server.config
         old = server.engine.policy
+        files_read: list[str] = []
         try:
-            policy = load_serve_policy(config.policy_path, config.extra_drivers)
+            policy = load_serve_policy(
+                config.policy_path, config.extra_drivers, files_read=files_read
+            )
             if config.socket_dir is not None and ANY_DRIVER in policy.drivers:
                 raise ConfigError(
                     f'{policy.source}: drivers: "*" needs --listen (mTLS), not --socket-dir'
                 )
         except ConfigError as exc:
+            # Watch what this attempt read too: an include named before it existed is
+            # picked up once it appears.
+            self._watch_policy_files([*old.files, *files_read])
             server.metrics.reloads.labels("policy", "error").inc()
             log.error("policy reload refused, keeping the previous policy: %s", exc)
             return
+        self._watch_policy_files(policy.files)
         server.gatekeeper.engine = Engine(
             policy, config.node_name, node_labels=dict(config.node_labels)
         )
@@ -127,6 +138,14 @@ class Reloader:
             ",".join(sorted(policy.drivers)),
             ",".join(sorted(spec.qualified for spec in policy.kinds.values())),
         )
+
+    def _watch_policy_files(self, files: Sequence[str]) -> None:
+        """Watch ``files`` from now on, keeping how a file already watched looked before the
+        reload read it (a change made during the reload is seen by the next look)."""
+        seen = self._policy_seen
+        self._policy_seen = {
+            path: seen[path] if path in seen else file_identity(path) for path in files
+        }
 
     def check_expiry(self) -> None:
         """Export the serving certificate's and client CA's remaining time; warn if close."""
@@ -141,3 +160,7 @@ class Reloader:
 
 def _identity(path: str | None) -> object:
     return None if path is None else file_identity(path)
+
+
+def _identities(files: Iterable[str]) -> dict[str, object]:
+    return {path: file_identity(path) for path in files}

@@ -9,35 +9,7 @@ from gatekeeper.testing._kinds import ServedKind, sort_versions
 if TYPE_CHECKING:
     from gatekeeper.policy.model import Policy
 
-__all__ = ["BUILT_IN_GROUPS", "served_kinds"]
-
-BUILT_IN_GROUPS = frozenset(
-    {
-        "",
-        "admissionregistration.k8s.io",
-        "apiextensions.k8s.io",
-        "apps",
-        "authentication.k8s.io",
-        "authorization.k8s.io",
-        "autoscaling",
-        "batch",
-        "certificates.k8s.io",
-        "coordination.k8s.io",
-        "discovery.k8s.io",
-        "events.k8s.io",
-        "flowcontrol.apiserver.k8s.io",
-        "networking.k8s.io",
-        "node.k8s.io",
-        "policy",
-        "rbac.authorization.k8s.io",
-        "resource.k8s.io",
-        "scheduling.k8s.io",
-        "storage.k8s.io",
-        "storagemigration.k8s.io",
-    }
-)
-"""The API groups a kube-apiserver serves itself; a policy kind of any other group is a custom
-resource (``devmgmtproto.k8s.io``, ``example.com``), served as a CRD is."""
+__all__ = ["served_kinds"]
 
 
 def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
@@ -47,7 +19,8 @@ def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:
     the selector names the policy gives) and immutable fields, as they are for ResourceSlices
     on a real apiserver; ``metadata.*`` paths are left to the built-in handling.
     """
-    from gatekeeper.policy.model import Field, Scope
+    # Imported here: importing the embedded API server loads none of the gatekeeper.
+    from gatekeeper.policy.model import BUILT_IN_GROUPS, Field, Scope
 
     served = []
     for spec in policy.kinds.values():
