@@ -161,7 +161,11 @@ class _Conn:
                 self.left = -1
             else:
                 at = head.find(b"content-length:")
-                self.left = int(head[at + 15 : head.find(b"\r\n", at)]) if at >= 0 else 0
+                # The last header line has no CRLF left in ``head`` (the kube-apiserver sends
+                # Content-Length last): read to the end of the block then.
+                line_end = head.find(b"\r\n", at)
+                line_end = len(head) if line_end < 0 else line_end
+                self.left = int(head[at + 15 : line_end]) if at >= 0 else 0
             data = rest
         if self.left >= 0:
             self.left -= len(data)

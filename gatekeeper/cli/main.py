@@ -77,7 +77,8 @@ def _add_source_arguments(serve: _Group) -> None:
     add(
         "--policy",
         metavar="FILE",
-        help="policy file, reloaded when it changes (default: the packaged policy)",
+        help="policy file, reloaded when it or a file it includes changes (default: the "
+        "packaged policy, packaged:default)",
     )
     add(
         "--driver",

@@ -6,37 +6,9 @@ The bridge between the two: the embedded API server knows nothing of the gatekee
 from __future__ import annotations
 
 from gatekeeper.apiserver import ServedKind, sort_versions
-from gatekeeper.policy.model import Field, Policy, Scope
+from gatekeeper.policy.model import BUILT_IN_GROUPS, Field, Policy, Scope
 
-__all__ = ["BUILT_IN_GROUPS", "served_kinds"]
-
-BUILT_IN_GROUPS = frozenset(
-    {
-        "",
-        "admissionregistration.k8s.io",
-        "apiextensions.k8s.io",
-        "apps",
-        "authentication.k8s.io",
-        "authorization.k8s.io",
-        "autoscaling",
-        "batch",
-        "certificates.k8s.io",
-        "coordination.k8s.io",
-        "discovery.k8s.io",
-        "events.k8s.io",
-        "flowcontrol.apiserver.k8s.io",
-        "networking.k8s.io",
-        "node.k8s.io",
-        "policy",
-        "rbac.authorization.k8s.io",
-        "resource.k8s.io",
-        "scheduling.k8s.io",
-        "storage.k8s.io",
-        "storagemigration.k8s.io",
-    }
-)
-"""The API groups a kube-apiserver serves itself; a policy kind of any other group is a custom
-resource (``devmgmtproto.k8s.io``, ``example.com``), served as a CRD is."""
+__all__ = ["served_kinds"]
 
 
 def served_kinds(policy: Policy) -> tuple[ServedKind, ...]:

@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gatekeeper.codec.jsonpath import FieldPath, parse_field_path
 from gatekeeper.errors import ConfigError
 
-__all__ = ["Context", "join_key", "parse_enum"]
+__all__ = ["Context", "Located", "join_key", "parse_enum"]
 
 
 class Context:
-    """The policy file being read: each accessor checks one value or fails naming its key."""
+    """One policy file being read: each accessor checks one value or fails naming its key.
 
-    def __init__(self, source: str) -> None:
+    ``legacy`` marks a file in the deprecated format (its versions a mapping, ``immutable``);
+    ``included_by`` the files that include it, outermost first, named after every fault.
+    """
+
+    def __init__(
+        self, source: str, *, legacy: bool = False, included_by: tuple[str, ...] = ()
+    ) -> None:
         self.source = source
+        self.legacy = legacy
+        self.included_by = included_by
+        self.legacy_immutable: list[str] = []
+        """Where a deprecated-format file says ``immutable`` (for its one deprecation notice)."""
 
     def fail(self, key: str, why: str) -> NoReturn:
         where = f"{self.source}: {key}" if key else self.source
-        raise ConfigError(f"{where}: {why}")
+        chain = f" (included by {' <- '.join(reversed(self.included_by))})"
+        raise ConfigError(f"{where}: {why}{chain if self.included_by else ''}")
 
     def mapping(self, value: Any, key: str, allowed: set[str]) -> Mapping[str, Any]:
         if not isinstance(value, dict):
@@ -51,7 +63,29 @@ class Context:
         return value
 
 
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A raw value and where it was written: which file, at which key. A kind merged from
+    several files keeps each of its values' own place, so a fault names the file that wrote it."""
+
+    value: Any
+    ctx: Context
+    key: str
+
+    def fail(self, why: str, key: str = "") -> NoReturn:
+        self.ctx.fail(join_key(self.key, key), why)
+
+    @property
+    def where(self) -> str:
+        """``file: key``, for messages that name a second place."""
+        return f"{self.ctx.source}: {self.key}"
+
+
 def join_key(prefix: str, key: str) -> str:
+    if not key:
+        return prefix
+    if key.startswith("["):
+        return f"{prefix}{key}"
     return f"{prefix}.{key}" if prefix else key
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "ALLOCATED_VERBS",
     "ALL_VERBS",
     "ANY_DRIVER",
+    "BUILT_IN_GROUPS",
     "ENCODINGS",
     "OWN_NODE_VERBS",
     "POOL_SEPARATORS",
@@ -40,6 +41,34 @@ POOL_SEPARATORS = ("/", "-", ".")
 ENCODINGS = ("json", "protobuf", "cbor")
 """Request body encodings a kind may accept (``encodings``). JSON is read by the gatekeeper;
 protobuf and CBOR are decoded by the apiserver in a dry run, which only built-in kinds allow."""
+BUILT_IN_GROUPS = frozenset(
+    {
+        "",
+        "admissionregistration.k8s.io",
+        "apiextensions.k8s.io",
+        "apps",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+        "autoscaling",
+        "batch",
+        "certificates.k8s.io",
+        "coordination.k8s.io",
+        "discovery.k8s.io",
+        "events.k8s.io",
+        "flowcontrol.apiserver.k8s.io",
+        "networking.k8s.io",
+        "node.k8s.io",
+        "policy",
+        "rbac.authorization.k8s.io",
+        "resource.k8s.io",
+        "scheduling.k8s.io",
+        "storage.k8s.io",
+        "storagemigration.k8s.io",
+    }
+)
+"""The API groups a kube-apiserver serves itself, validated by code compiled into it. A kind of
+any other group is a custom resource (``devmgmtproto.k8s.io``, ``example.com``): what its
+apiserver refuses is whatever the cluster's CRD says today."""
 STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
 """The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
 node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
@@ -65,7 +94,7 @@ class KindRule(enum.Enum):
     ALLOCATED_TO_DRIVER = "AllocatedToDriver"
     OWN_NODE = "OwnNode"
     """The node object of this node itself (core/v1 Node ``<node name>``): get only, nothing
-    else about nodes (issue 9: the DRA publisher reads its Node for the owner reference)."""
+    else about nodes (the DRA publisher reads its Node for the owner reference of its slices)."""
 
 
 class ListSelectorMode(enum.Enum):
@@ -125,11 +154,12 @@ class VersionSpec:
     """Paths that must be absent (or null/false) on a written object."""
     allocation: AllocationPaths | None = None
     """Paths of an AllocatedToDriver kind (None for NodeLocal)."""
-    immutable: frozenset[Field] = frozenset()
+    apiserver_immutable: frozenset[Field] = frozenset()
     """Ownership fields the apiserver itself refuses to change on an existing object (422
-    ``field is immutable``). When every field in ``paths`` is, an apply that creates is
-    forwarded as an apply: should someone create the name first, the apiserver refuses the
-    apply rather than let it take the object over (issue 9, item 3)."""
+    ``field is immutable``): the policy's ``apiserverImmutable``, a security assertion. When
+    every field in ``paths`` is, an apply that creates is forwarded as an apply: should someone
+    create the name first, the apiserver refuses the apply rather than let it take the object
+    over (DESIGN §4.4)."""
 
     pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
     """What may follow the node name in a pool name (the kind's ``poolSeparators``)."""
@@ -137,7 +167,7 @@ class VersionSpec:
     @property
     def owner_fields_immutable(self) -> bool:
         """Whether every ownership field this version locates is immutable."""
-        return bool(self.paths) and set(self.paths) <= self.immutable
+        return bool(self.paths) and set(self.paths) <= self.apiserver_immutable
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +186,10 @@ class KindSpec:
     """What may follow the node name in a pool name; every version carries it too."""
     encodings: frozenset[str] = frozenset({"json"})
     """Request body encodings accepted (:data:`ENCODINGS`); a body in another is 415."""
+    apiserver_immutable_confirmed: bool = False
+    """The policy confirms (``apiserverImmutableConfirmed``) that this kind, outside the
+    :data:`BUILT_IN_GROUPS`, has its apiserver refuse changes to the ``apiserverImmutable``
+    fields (a CRD validation rule), so its versions may assert it."""
 
     @property
     def qualified(self) -> str:
@@ -185,6 +219,9 @@ class Policy:
     (``serviceAccounts``); a service account maps to one driver at most."""
     unbound_tokens: UnboundTokens = UnboundTokens.REFUSE
     """Whether a token without the node-name extra (unbound, legacy) may identify a driver."""
+    files: tuple[str, ...] = ()
+    """Every file on disk the policy was read from: ``source`` and the files it includes (a
+    packaged policy is not one: it changes only with the gatekeeper). A reload watches them."""
 
     def kind_for(self, group: str, resource: str) -> KindSpec | None:
         return self.kinds.get((group, resource))

@@ -1,8 +1,9 @@
 """Policy test files (DESIGN §4.8): found, loaded and checked, every fault naming its line.
 
-A file names a policy (relative to the file), a node, optionally its labels and the drivers
-allowed on it (as ``serve --node-label``/``--driver``), and cases. Each case is one request of
-one driver, the objects already stored, and what must happen. See README "Policy tests in CI".
+A file names a policy (relative to the file, or ``packaged:<name>``), a node, optionally its
+labels and the drivers allowed on it (as ``serve --node-label``/``--driver``), and cases. Each
+case is one request of one driver, the objects already stored, and what must happen. See README
+"Policy tests in CI".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 from gatekeeper.errors import ConfigError
 from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy.loader import PACKAGED
 from gatekeeper.policytest._yaml import LineDict, LineList, YamlError, load_yaml, plain
 
 __all__ = [
@@ -222,7 +224,7 @@ def load_test_file(path: str) -> TestFile:
     except YamlError as exc:
         raise MalformedTest(path, exc.line, exc.message) from exc
     check = _Checker(path)
-    if isinstance(doc, LineDict) and doc.get("kind") == "Policy" and "kinds" in doc:
+    if isinstance(doc, LineDict) and doc.get("kind") == "Policy":
         # Given a policy where a test file was expected (``test policies/default.yaml``).
         raise check.fail(
             doc.key_line("kind"),
@@ -270,9 +272,10 @@ def _drivers(check: _Checker, top: LineDict) -> list[str]:
 
 def _policy(check: _Checker, top: LineDict, path: str) -> Policy:
     relative = check.string(top, "policy", "policy")
-    policy_path = Path(path).parent / relative
+    # A packaged policy (packaged:default) is tested where it ships, not copied beside its tests.
+    target = relative if relative.startswith(PACKAGED) else str(Path(path).parent / relative)
     try:
-        return load_policy(str(policy_path))
+        return load_policy(target)
     except ConfigError as exc:
         raise check.fail(top.key_line("policy"), "policy", str(exc)) from exc
 

@@ -254,9 +254,12 @@ def _audit_settings(
     return audit
 
 
-def load_serve_policy(path: str | None, extra_drivers: frozenset[str]) -> Policy:
-    """The policy file plus ``--driver`` names; ConfigError if it allows no driver."""
-    policy = load_policy(path).with_drivers(extra_drivers)
+def load_serve_policy(
+    path: str | None, extra_drivers: frozenset[str], *, files_read: list[str] | None = None
+) -> Policy:
+    """The policy file plus ``--driver`` names; ConfigError if it allows no driver.
+    ``files_read`` collects the policy files tried (see :func:`load_policy`)."""
+    policy = load_policy(path, files_read=files_read).with_drivers(extra_drivers)
     if not policy.drivers:
         raise ConfigError(
             f"{policy.source}: no drivers are allowed on this node: list them under `drivers:` "

@@ -1,9 +1,10 @@
 """Reloads without a restart: the policy, the upstream token, the mTLS listener's files.
 
 Each watched file is polled (inode, size, mtime, following symlinks, so a ConfigMap update —
-an atomic swap of the ``..data`` symlink — is seen); SIGHUP reloads the policy and the TLS
-files at once. A new policy that does not load is refused: the old one keeps serving, the
-failure is logged and counted. Certificates close to expiry are logged and exported.
+an atomic swap of the ``..data`` symlink — is seen): for the policy, every file it was read
+from, its includes too; SIGHUP reloads the policy and the TLS files at once. A new policy that
+does not load is refused: the old one keeps serving, the failure is logged and counted.
+Certificates close to expiry are logged and exported.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.tls import file_identity
@@ -45,7 +46,11 @@ class Reloader:
         self._metrics = metrics
         self._expiry = expiry
         self._use = use
-        self._policy_seen = _identity(config.policy_path)
+        self._policy = config.policy
+        # Every file the policy was read from (its includes too), and how each looked then.
+        self._policy_seen = _identities(
+            config.policy.files if config.policy_path is not None else ()
+        )
         self._token_seen = _identity(config.tokens.token_file)
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -86,7 +91,7 @@ class Reloader:
         that finds them as they were reports nothing about them."""
         async with self._lock:
             config = self._config
-            policy_now = _identity(config.policy_path)
+            policy_now = _identities(self._policy_seen)
             if config.policy_path is not None and (force or policy_now != self._policy_seen):
                 self._policy_seen = policy_now
                 await self._reload_policy()
@@ -111,16 +116,25 @@ class Reloader:
 
     async def _reload_policy(self) -> None:
         config = self._config
+        old = self._policy
+        files_read: list[str] = []
         try:
-            policy = load_serve_policy(config.policy_path, config.extra_drivers)
+            policy = load_serve_policy(
+                config.policy_path, config.extra_drivers, files_read=files_read
+            )
             if config.socket_dir is not None and ANY_DRIVER in policy.drivers:
                 raise ConfigError(
                     f'{policy.source}: drivers: "*" needs --listen (mTLS), not --socket-dir'
                 )
         except ConfigError as exc:
+            # Watch what this attempt read too: an include named before it existed is
+            # picked up once it appears.
+            self._watch_policy_files([*old.files, *files_read])
             self._metrics.reloads.labels("policy", "error").inc()
             log.error("policy reload refused, keeping the previous policy: %s", exc)
             return
+        self._watch_policy_files(policy.files)
+        self._policy = policy
         await self._use(policy)
         self._metrics.reloads.labels("policy", "ok").inc()
         log.info(
@@ -129,6 +143,14 @@ class Reloader:
             ",".join(sorted(policy.drivers)),
             ",".join(sorted(spec.qualified for spec in policy.kinds.values())),
         )
+
+    def _watch_policy_files(self, files: Sequence[str]) -> None:
+        """Watch ``files`` from now on, keeping how a file already watched looked before the
+        reload read it (a change made during the reload is seen by the next look)."""
+        seen = self._policy_seen
+        self._policy_seen = {
+            path: seen[path] if path in seen else file_identity(path) for path in files
+        }
 
     def check_expiry(self) -> None:
         """Export the serving certificate's and client CA's remaining time; warn if close."""
@@ -143,3 +165,7 @@ class Reloader:
 
 def _identity(path: str | None) -> object:
     return None if path is None else file_identity(path)
+
+
+def _identities(files: Iterable[str]) -> dict[str, object]:
+    return {path: file_identity(path) for path in files}

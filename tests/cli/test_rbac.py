@@ -14,7 +14,7 @@ from gatekeeper.cli.rbac import cluster_role, run_policy_command
 from gatekeeper.policy import load_policy, parse_policy
 
 WIDGETS = """
-apiVersion: gatekeeper.dra.k8s.io/v1alpha1
+apiVersion: dra-gatekeeper.io/v1alpha1
 kind: Policy
 drivers: [w.example.com]
 kinds:
@@ -25,7 +25,7 @@ kinds:
     rule: NodeLocal
     verbs: [create, list]
     versions:
-      v1: {driver: spec.driver, node: spec.nodeName}
+      - {names: [v1], driver: spec.driver, node: spec.nodeName}
 """
 
 

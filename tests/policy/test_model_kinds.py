@@ -1,6 +1,5 @@
-"""Policy data as the apiserver has it: per-version ``immutable`` ownership fields, rule OwnNode
-(the node's own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong,
-decided."""
+"""Policy data: per-version ``apiserverImmutable`` ownership fields, rule OwnNode (the node's
+own Node, read-only) and the ``opaque`` paths of claims; loaded, refused when wrong, decided."""
 
 from __future__ import annotations
 
@@ -15,15 +14,16 @@ from gatekeeper.policy.model import Field
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
-HEAD = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"
+HEAD = "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\ndrivers: [gpu.example.com]\n"
 SLICE = """\
   - group: resource.k8s.io
     resource: resourceslices
     kind: ResourceSlice
     scope: Cluster
     rule: NodeLocal
+    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
     versions:
-      v1: {driver: spec.driver, node: spec.nodeName, pool: spec.pool.name%s}
+      - {names: [v1], driver: spec.driver, node: spec.nodeName, pool: spec.pool.name%s}
 """
 NODES = """\
   - group: ""
@@ -32,7 +32,7 @@ NODES = """\
     scope: %s
     rule: OwnNode
 %s    versions:
-      v1: %s
+      - {names: [v1]%s}
 """
 CLAIM = """\
   - group: resource.k8s.io
@@ -40,9 +40,10 @@ CLAIM = """\
     kind: ResourceClaim
     scope: Namespaced
     rule: AllocatedToDriver
+    verbs: [get, list, watch, update, patch]
     subresources: [status]
     versions:
-      v1:
+      - names: [v1]
         results: status.allocation.devices.results
         resultDriver: driver
         nodeSelector: status.allocation.nodeSelector
@@ -56,17 +57,17 @@ def slices(extra: str = "") -> str:
     return HEAD + "kinds:\n" + SLICE % extra
 
 
-def nodes(scope: str = "Cluster", extra: str = "", version: str = "{}") -> str:
+def nodes(scope: str = "Cluster", extra: str = "    verbs: [get]\n", version: str = "") -> str:
     return HEAD + "kinds:\n" + SLICE % "" + NODES % (scope, extra, version)
 
 
-def test_the_default_policy_declares_immutable_ownership_per_version() -> None:
+def test_the_default_policy_declares_apiserver_immutable_ownership_per_version() -> None:
     policy = load_policy(None)
     slice_kind = policy.kind_for("resource.k8s.io", "resourceslices")
     assert slice_kind is not None
     for version in ("v1", "v1beta2", "v1beta1", "v1alpha3"):
         spec = slice_kind.versions[version]
-        assert spec.immutable == {Field.DRIVER, Field.NODE, Field.POOL}, version
+        assert spec.apiserver_immutable == {Field.DRIVER, Field.NODE, Field.POOL}, version
         assert spec.owner_fields_immutable, version
     # v1alpha2 (Kubernetes 1.30) had no pool; driverName and nodeName were immutable.
     assert slice_kind.versions["v1alpha2"].owner_fields_immutable
@@ -74,37 +75,48 @@ def test_the_default_policy_declares_immutable_ownership_per_version() -> None:
     assert pools is not None and not pools.versions["v1alpha1"].owner_fields_immutable
 
 
-def test_immutable_must_cover_every_located_field_to_count() -> None:
-    policy = parse_policy(slices(", immutable: [driver, node]"))
+def test_apiserver_immutable_must_cover_every_located_field_to_count() -> None:
+    policy = parse_policy(slices(", apiserverImmutable: [driver, node]"))
     spec = policy.kinds[("resource.k8s.io", "resourceslices")].versions["v1"]
-    assert spec.immutable == {Field.DRIVER, Field.NODE}
+    assert spec.apiserver_immutable == {Field.DRIVER, Field.NODE}
     assert not spec.owner_fields_immutable, "the pool can still change: not enough"
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (slices(", immutable: [driver, name]"), "kinds[0].versions.v1.immutable[1]: 'name' is not"),
-        (slices(", immutable: driver"), "kinds[0].versions.v1.immutable: must be a list"),
         (
-            HEAD + "kinds:\n" + SLICE.replace(", pool: spec.pool.name", "") % ", immutable: [pool]",
-            "kinds[0].versions.v1.immutable: names pool, which has no path here",
+            slices(", apiserverImmutable: [driver, name]"),
+            "kinds[0].versions[0].apiserverImmutable[1]: 'name' is not",
+        ),
+        (
+            slices(", apiserverImmutable: driver"),
+            "kinds[0].versions[0].apiserverImmutable: must be a list",
+        ),
+        (
+            HEAD
+            + "kinds:\n"
+            + SLICE.replace(", pool: spec.pool.name", "") % ", apiserverImmutable: [pool]",
+            "kinds[0].versions[0].apiserverImmutable: names pool, which has no path here",
         ),
         (nodes(scope="Namespaced"), "kinds[1].scope: rule OwnNode names a cluster-scoped object"),
         (nodes(extra="    verbs: [get, list]\n"), "kinds[1].verbs: rule OwnNode allows only get"),
         (
-            nodes(extra="    subresources: [status]\n"),
+            nodes(extra="    verbs: [get]\n    subresources: [status]\n"),
             "kinds[1].subresources: rule OwnNode allows no subresources",
         ),
-        (nodes(extra="    fill: [node]\n"), "kinds[1].fill: is not used by rule OwnNode"),
-        (nodes(version="{driver: spec.driver}"), "kinds[1].versions.v1.driver: unknown key"),
-        (HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]', "versions.v1.opaque[0]: bad"),
-        (HEAD + "kinds:\n" + CLAIM % "status.devices.data", "versions.v1.opaque: must be a list"),
+        (
+            nodes(extra="    verbs: [get]\n    fill: [node]\n"),
+            "kinds[1].fill: is not used by rule OwnNode",
+        ),
+        (nodes(version=", driver: spec.driver"), "kinds[1].versions[0].driver: unknown key"),
+        (HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]', "versions[0].opaque[0]: bad"),
+        (HEAD + "kinds:\n" + CLAIM % "status.devices.data", "versions[0].opaque: must be a list"),
     ],
     ids=[
-        "immutable-unknown-field",
-        "immutable-not-a-list",
-        "immutable-unlocated",
+        "apiserver-immutable-unknown-field",
+        "apiserver-immutable-not-a-list",
+        "apiserver-immutable-unlocated",
         "own-node-namespaced",
         "own-node-list",
         "own-node-subresource",
@@ -124,8 +136,8 @@ def test_bad_policy_data_is_refused_at_load(text: str, message: str) -> None:
     ("times", "message"),
     [
         ("[status.devices.data.at]", "times[0]: status.devices.data.at is under opaque"),
-        ('["status.devices[0].at"]', "versions.v1.times[0]: bad"),
-        ("status.devices.at", "versions.v1.times: must be a list"),
+        ('["status.devices[0].at"]', "versions[0].times[0]: bad"),
+        ("status.devices.at", "versions[0].times: must be a list"),
     ],
     ids=["under-opaque", "bad-path", "not-a-list"],
 )

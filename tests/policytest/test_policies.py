@@ -1,5 +1,6 @@
-"""The shipped policies and their tests: the packaged default is ``policies/default.yaml``, every
-rule of it has an allowed and a refused case, and ``dra-gatekeeper test policies/`` passes."""
+"""The shipped policies and their tests: one default policy, the packaged one, tested from
+``policies/`` by name; every rule of it has an allowed and a refused case, and
+``dra-gatekeeper test policies/`` passes."""
 
 from __future__ import annotations
 
@@ -21,15 +22,16 @@ REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "policies"
 
 
-def test_packaged_default_policy_is_the_one_in_policies() -> None:
-    packaged = REPO / "gatekeeper" / "policies" / "default.yaml"
-    shipped = POLICIES / "default.yaml"
-    assert not packaged.is_symlink() and not shipped.is_symlink()
-    assert packaged.read_bytes() == shipped.read_bytes(), (
-        "gatekeeper/policies/default.yaml (packaged) and policies/default.yaml differ: "
-        "edit policies/default.yaml and copy it over"
-    )
-    assert load_policy(None).kinds == load_policy(str(shipped)).kinds
+def test_the_default_policy_exists_once_and_its_tests_name_it() -> None:
+    """No copy of the packaged default to keep equal: the policies that build on it include
+    it, and its tests name it (``packaged:default``)."""
+    defaults = [p for p in REPO.rglob("default.yaml") if ".venv" not in p.parts]
+    assert defaults == [REPO / "gatekeeper" / "policies" / "default.yaml"]
+    assert load_test_file(str(POLICIES / "default_test.yaml")).policy_path == "packaged:default"
+    for name in ("node-dash.yaml", "new-kind-example.yaml"):
+        assert "include: [packaged:default]" in (POLICIES / name).read_text(), name
+    assert "include: [packaged:default]" in (REPO / "deploy" / "policy.yaml").read_text()
+    assert load_policy("packaged:default") == load_policy(None)
 
 
 def _pattern_text(pattern: re.Pattern[str] | None) -> str:
@@ -88,7 +90,7 @@ def uncovered(test_file: TestFile) -> list[str]:
 
 def test_every_rule_of_the_default_policy_has_an_allowed_and_a_refused_case() -> None:
     test_file = load_test_file(str(POLICIES / "default_test.yaml"))
-    assert Path(test_file.policy_path).resolve() == (POLICIES / "default.yaml").resolve()
+    assert test_file.policy.kinds == load_policy(None).kinds
     assert uncovered(test_file) == []
 
 

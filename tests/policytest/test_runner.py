@@ -54,7 +54,7 @@ WRONG_FORWARD = f"""\
 
 
 def write_suite(directory: Path, cases: str, name: str = "suite_test.yaml") -> Path:
-    shutil.copy(REPO / "policies" / "default.yaml", directory / "policy.yaml")
+    shutil.copy(REPO / "gatekeeper" / "policies" / "default.yaml", directory / "policy.yaml")
     path = directory / name
     path.write_text(HEADER + cases)
     return path
@@ -307,10 +307,12 @@ def test_the_standalone_entry_point_runs_the_same(
 def test_a_policy_given_as_a_test_file_is_named_a_policy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    policy = str(Path(__file__).parents[2] / "policies" / "default.yaml")
+    policy = str(Path(__file__).parents[2] / "policies" / "node-dash.yaml")
+    line = Path(policy).read_text().splitlines().index("kind: Policy") + 1
     code, out, err = run(capsys, policy)
     assert code == 2 and not any(line.endswith("failed") for line in out)
     assert err.startswith(
-        f"dra-gatekeeper test: {policy}:6: kind: this is a policy (kind: Policy), not a test file"
+        f"dra-gatekeeper test: {policy}:{line}: kind: this is a policy (kind: Policy), not a "
+        "test file"
     ), err
     assert "unknown key" not in err

@@ -21,7 +21,7 @@ from gatekeeper.policy import Policy, load_policy
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
 
 POLICY = """\
-apiVersion: gatekeeper.dra.k8s.io/v1alpha1
+apiVersion: dra-gatekeeper.io/v1alpha1
 kind: Policy
 drivers: [gpu.example.com, nic.example.com]
 kinds:
@@ -30,14 +30,15 @@ kinds:
     kind: ResourceSlice
     scope: Cluster
     rule: NodeLocal
+    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
     versions:
-      v1alpha2: {driver: driverName, node: nodeName}
-      v1alpha3: &spec {driver: spec.driver, node: spec.nodeName, pool: spec.pool.name,
-                       forbidden: [spec.nodeSelector, spec.allNodes]}
-      v1beta1: *spec
-      v1beta2: *spec
-      v1: *spec
-      v2:                      # a version that does not exist yet, with its own layout
+      - {names: [v1alpha2], driver: driverName, node: nodeName}
+      - names: [v1alpha3, v1beta1, v1beta2, v1]
+        driver: spec.driver
+        node: spec.nodeName
+        pool: spec.pool.name
+        forbidden: [spec.nodeSelector, spec.allNodes]
+      - names: [v2]            # a version that does not exist yet, with its own layout
         driver: spec.owner.driver
         node: spec.owner.node
         pool: spec.owner.pool
@@ -48,9 +49,10 @@ kinds:
     kind: Widget
     scope: Namespaced
     rule: NodeLocal
+    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
     fill: [driver, node, pool]
     versions:
-      v1:
+      - names: [v1]
         driver: spec.controller
         node: placement.host
         pool: placement.bucket

@@ -44,8 +44,8 @@ def policy_text(*, slice_verbs: str | None = None) -> str:
     text = DEFAULT.read_text().replace("drivers: []", f"drivers: [{GPU}]")
     if slice_verbs is not None:
         text = text.replace(  # the first kind is ResourceSlice
-            "    rule: NodeLocal\n    listSelector: Require\n",
-            f"    rule: NodeLocal\n    listSelector: Require\n    verbs: [{slice_verbs}]\n",
+            "    verbs: [get, list, watch, create, update, patch, delete, deletecollection]\n",
+            f"    verbs: [{slice_verbs}]\n",
             1,
         )
         assert f"verbs: [{slice_verbs}]" in text
@@ -183,6 +183,57 @@ async def test_configmap_symlink_swap_is_picked_up(
 
         await until(reloaded)
         assert await list_status(gk) == 403
+
+
+async def test_a_change_to_an_included_file_is_picked_up(
+    apiserver: APIServer, pki: PKI, tmp_path: Path
+) -> None:
+    """The policy is every file it was read from: its includes are watched as it is."""
+    base = tmp_path / "base.yaml"
+    base.write_text(policy_text())
+    root = tmp_path / "policy.yaml"
+    root.write_text("apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\ninclude: [base.yaml]\n")
+    path = str(root)
+    async with running_gatekeeper(
+        apiserver, load_policy(path), pki, policy_path=path, reload_interval=0.02
+    ) as gk:
+        assert await list_status(gk) == 200
+        base.write_text(policy_text(slice_verbs="get"))
+
+        async def reloaded() -> bool:
+            return await list_status(gk) == 403
+
+        await until(reloaded)
+        assert gk.server.engine.policy.files == (path, str(base))
+
+
+async def test_an_include_named_before_it_exists_is_picked_up_when_it_appears(
+    apiserver: APIServer, pki: PKI, tmp_path: Path
+) -> None:
+    (tmp_path / "base.yaml").write_text(policy_text())
+    root = tmp_path / "policy.yaml"
+    head = "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\n"
+    root.write_text(head + "include: [base.yaml]\n")
+    path = str(root)
+    async with running_gatekeeper(
+        apiserver, load_policy(path), pki, policy_path=path, reload_interval=0.02
+    ) as gk:
+        root.write_text(head + "include: [base.yaml, nic.yaml]\n")
+
+        async def refused() -> bool:
+            text = metrics_text(gk)
+            return bool(
+                metric_value(text, "dra_gatekeeper_reloads_total", file="policy", result="error")
+            )
+
+        await until(refused)
+        assert gk.server.engine.policy.drivers == {GPU}
+        (tmp_path / "nic.yaml").write_text(head + f"drivers: [{NIC}]\n")
+
+        async def reloaded() -> bool:
+            return gk.server.engine.policy.drivers == {GPU, NIC}
+
+        await until(reloaded)
 
 
 async def test_sighup_reloads(policy: Policy) -> None:

@@ -94,7 +94,7 @@ async def test_check_same_policy_changes_nothing(
 
 
 SLICES_ONLY = """
-apiVersion: gatekeeper.dra.k8s.io/v1alpha1
+apiVersion: dra-gatekeeper.io/v1alpha1
 kind: Policy
 drivers: [gpu.example.com, nic.example.com]
 kinds:
@@ -103,8 +103,9 @@ kinds:
     kind: ResourceSlice
     scope: Cluster
     rule: NodeLocal
+    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
     versions:
-      {version}:
+      - names: [{version}]
         driver: spec.driver
         node: spec.nodeName
 {pool}
@@ -256,7 +257,7 @@ def test_generate_without_allowed_driver_requests_writes_nothing(
     assert "no policy written" in err and "has no allowed request of a driver" in err
 
 
-def test_generate_keeps_own_node_immutable_and_pool_separators(
+def test_generate_keeps_own_node_apiserver_immutable_and_pool_separators(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The GET the DRA slice publisher makes (its own Node) once crashed generate (KeyError)."""
@@ -283,6 +284,7 @@ def test_generate_keeps_own_node_immutable_and_pool_separators(
     assert nodes is not None and nodes.rule.value == "OwnNode" and set(nodes.versions) == {"v1"}
     slices = policy.kind_for("resource.k8s.io", "resourceslices")
     assert slices is not None and slices.pool_separators == ("/", "-")
-    assert {f.value for f in slices.versions["v1"].immutable} == {"driver", "node", "pool"}
+    immutable = slices.versions["v1"].apiserver_immutable
+    assert {f.value for f in immutable} == {"driver", "node", "pool"}
     code, out, _ = run(capsys, "check", "--policy", str(out_path), *users, str(log))
     assert code == 0 and "0 changed" in out, out

@@ -60,8 +60,8 @@ def test_a_new_kind_is_inferred_from_its_objects() -> None:
     doc = yaml.safe_load(generate_policy(records, BASE))
     (kind,) = doc["kinds"]
     assert kind["kind"] == "NodeWidget" and kind["scope"] == "Cluster"
-    assert kind["versions"] == {"v1": {"driver": "spec.owner", "node": "spec.host",
-                                       "pool": "spec.pool.name"}}  # fmt: skip
+    assert kind["versions"] == [{"names": ["v1"], "driver": "spec.owner", "node": "spec.host",
+                                 "pool": "spec.pool.name"}]  # fmt: skip
     assert kind["listSelector"] == "Inject"  # the list did not pin the node itself
 
 
@@ -83,3 +83,34 @@ def test_claims_keep_their_opaque_and_time_paths() -> None:
     default = BASE.kinds[("resource.k8s.io", "resourceclaims")].versions["v1"].allocation
     assert generated is not None and default is not None
     assert generated.opaque == default.opaque and generated.times == default.times
+
+
+def test_the_output_is_the_current_format_with_shared_versions_listed_together() -> None:
+    records = [
+        record("get", f"/apis/resource.k8s.io/{version}/resourceslices/node-a-gpu")
+        for version in ("v1alpha2", "v1beta1", "v1beta2", "v1")
+    ]
+    doc = yaml.safe_load(generate_policy(records, BASE))
+    assert doc["apiVersion"] == "dra-gatekeeper.io/v1alpha1"
+    (kind,) = doc["kinds"]
+    shared, alone = kind["versions"]
+    assert (shared["names"], alone["names"]) == (["v1", "v1beta1", "v1beta2"], ["v1alpha2"])
+    assert shared["apiserverImmutable"] == ["driver", "node", "pool"]
+    assert "immutable" not in shared
+
+
+def test_a_confirmed_custom_kind_keeps_its_confirmation() -> None:
+    base = parse_policy(
+        "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\nkinds:\n"
+        "  - group: example.com\n    resource: nodewidgets\n    kind: NodeWidget\n"
+        "    scope: Cluster\n    rule: NodeLocal\n    verbs: [get, create]\n"
+        "    apiserverImmutableConfirmed: nodewidgets.example.com\n    versions:\n"
+        "      - {names: [v1], driver: spec.owner, node: spec.host, pool: spec.pool.name,\n"
+        "         apiserverImmutable: [driver, node, pool]}\n"
+    )
+    records = [record("create", WIDGETS, code=201, request_object=widget("w1"))]
+    text = generate_policy(records, base)
+    (kind,) = yaml.safe_load(text)["kinds"]
+    assert kind["apiserverImmutableConfirmed"] == "nodewidgets.example.com"
+    generated = parse_policy(text).kinds["example.com", "nodewidgets"]
+    assert generated.versions["v1"].owner_fields_immutable

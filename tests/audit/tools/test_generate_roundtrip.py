@@ -1,11 +1,12 @@
 """``audit generate`` then ``audit check`` on the same log: 0 changes (property test).
 
-For each policy in ``policies/``, random traffic of two drivers goes through a real gatekeeper
-(Unix sockets, the embedded API server) with that policy; the audit events of each example
-are written as a log, ``audit generate --base <the policy>`` makes a policy from it, and
-``audit check --policy <generated>`` re-decides the same log: nothing may change. The traffic
-holds every kind of the policy in every version it lists (objects built at the version's own
-paths), this node's Node (rule OwnNode, the GET the DRA slice publisher makes) and claims.
+For the packaged default and each policy in ``policies/``, random traffic of two drivers goes
+through a real gatekeeper (Unix sockets, the embedded API server) with that policy; the audit
+events of each example are written as a log, ``audit generate --base <the policy>`` makes a
+policy from it, and ``audit check --policy <generated>`` re-decides the same log: nothing may
+change. The traffic holds every kind of the policy in every version it lists (objects built at
+the version's own paths), this node's Node (rule OwnNode, the GET the DRA slice publisher makes)
+and claims.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ from gatekeeper.testing.harness import (
 from tests.paths import REPO
 
 ROOT = REPO
-POLICIES = sorted(p for p in (ROOT / "policies").glob("*.yaml") if not p.stem.endswith("_test"))
+# The packaged default, and the policies of policies/ that build on it.
+POLICIES = [
+    ROOT / "gatekeeper" / "policies" / "default.yaml",
+    *sorted(p for p in (ROOT / "policies").glob("*.yaml") if not p.stem.endswith("_test")),
+]
 DRIVERS = [GPU, NIC]
 NAMES = ["a", "b"]
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

@@ -133,10 +133,10 @@ async def test_summarize_and_check_never_repeat_a_word(
     assert code == 0 and repeated_words(table) == []
     loose = tmp_path / "loose.yaml"  # no pool rule: the refused create becomes allowed
     loose.write_text(
-        (REPO / "policies" / "default.yaml")
+        (REPO / "gatekeeper" / "policies" / "default.yaml")
         .read_text()
         .replace("        pool: spec.pool.name\n", "")
-        .replace("immutable: [driver, node, pool]", "immutable: [driver, node]")
+        .replace("apiserverImmutable: [driver, node, pool]", "apiserverImmutable: [driver, node]")
     )
     code, out, err = run(capsys, "check", "--policy", str(loose), str(log))
     assert code == 0, err

@@ -1,0 +1,328 @@
+"""One kind of a policy: read from a file's ``kinds`` or ``overrides``, merged, then checked.
+
+A kind can be written by several files (an included file defines it, the including file
+overrides some of its keys or versions); every value keeps the place it was written
+(:class:`Located`), so each fault names the file and key that caused it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.names import is_dns_subdomain
+from gatekeeper.policy._context import Context, Located, join_key, parse_enum
+from gatekeeper.policy._versions import APISERVER_IMMUTABLE, read_versions, version_parser
+from gatekeeper.policy.model import (
+    ALL_VERBS,
+    ALLOCATED_VERBS,
+    BUILT_IN_GROUPS,
+    ENCODINGS,
+    OWN_NODE_VERBS,
+    POOL_SEPARATORS,
+    STRICT_POOL_SEPARATORS,
+    Field,
+    KindRule,
+    KindSpec,
+    ListSelectorMode,
+    Scope,
+    VersionSpec,
+)
+
+__all__ = [
+    "CONFIRMED",
+    "KIND_KEYS",
+    "OVERRIDE_KEYS",
+    "RawKind",
+    "build_kind",
+    "read_kind",
+    "read_override",
+]
+
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+CONFIRMED = "apiserverImmutableConfirmed"
+KIND_KEYS = {
+    "group",
+    "resource",
+    "kind",
+    "scope",
+    "rule",
+    "versions",
+    "verbs",
+    "subresources",
+    "listSelector",
+    "fill",
+    "poolSeparators",
+    "encodings",
+    CONFIRMED,
+}
+_REQUIRED = ("group", "resource", "kind", "scope", "rule", "verbs", "versions")
+# What a kind *is* cannot be overridden: an including file that wants another kind, scope or
+# rule defines its own policy instead of reinterpreting someone else's.
+OVERRIDE_KEYS = KIND_KEYS - {"kind", "scope", "rule"}
+_NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
+_VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+@dataclass(slots=True)
+class RawKind:
+    """A kind as written so far: its keys and versions, each where it was written."""
+
+    group: str
+    resource: str
+    origin: Located
+    """The ``kinds[i]`` entry that defined it."""
+    keys: dict[str, Located]
+    """Every kind-level key given, ``versions`` aside."""
+    versions: dict[str, Located]
+    """Version name → its rules (names listed together share one)."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+def _identity(ctx: Context, key: str, kind: Any) -> tuple[str, str]:
+    for required in ("group", "resource"):
+        if required not in kind:
+            ctx.fail(join_key(key, required), "is required")
+    group = ctx.string(kind["group"], join_key(key, "group"))
+    if group and not is_dns_subdomain(group):
+        ctx.fail(join_key(key, "group"), f"{group!r} is not a DNS subdomain")
+    resource = ctx.string(kind["resource"], join_key(key, "resource"), _RESOURCE)
+    return group, resource
+
+
+def _split(ctx: Context, key: str, kind: Any) -> tuple[dict[str, Located], dict[str, Located]]:
+    keys = {
+        name: Located(value, ctx, join_key(key, name))
+        for name, value in kind.items()
+        if name not in ("group", "resource", "versions")
+    }
+    versions = (
+        read_versions(ctx, join_key(key, "versions"), kind["versions"])
+        if "versions" in kind
+        else {}
+    )
+    return keys, versions
+
+
+def read_kind(ctx: Context, key: str, raw: Any) -> RawKind:
+    """A complete kind of a file's ``kinds`` list."""
+    kind = ctx.mapping(raw, key, KIND_KEYS)
+    group, resource = _identity(ctx, key, kind)
+    for required in _REQUIRED:
+        if required not in kind:
+            why = "is required"
+            if required == "verbs":
+                # No default: a default of every verb would allow deletecollection to a kind
+                # an operator added without thinking about verbs (fail closed).
+                why = (
+                    "is required: the verbs drivers may use on this kind (e.g. [get, list, "
+                    "watch]); no verbs are implied"
+                )
+            ctx.fail(join_key(key, required), why)
+    keys, versions = _split(ctx, key, kind)
+    return RawKind(group, resource, Located(kind, ctx, key), keys, versions)
+
+
+def read_override(ctx: Context, key: str, raw: Any) -> RawKind:
+    """An entry of a file's ``overrides``: the keys and versions to replace or add."""
+    kind = ctx.mapping(raw, key, OVERRIDE_KEYS)
+    group, resource = _identity(ctx, key, kind)
+    keys, versions = _split(ctx, key, kind)
+    if not keys and not versions:
+        ctx.fail(key, "overrides nothing: give the keys or versions to replace")
+    return RawKind(group, resource, Located(kind, ctx, key), keys, versions)
+
+
+def build_kind(raw: RawKind) -> KindSpec:
+    """The checked kind; a fault names the file and key of the value at fault."""
+    rule = _enum(raw, "rule", KindRule, None)
+    verbs = _verbs(raw.keys["verbs"])
+    subresources = frozenset(_strings(raw, "subresources"))
+    if rule is KindRule.ALLOCATED_TO_DRIVER:
+        _check_allocated(raw, verbs, subresources)
+    if rule is KindRule.OWN_NODE:
+        _check_own_node(raw, verbs, subresources)
+    separators = _pool_separators(raw)
+    parse_version = version_parser(rule, separators)
+    parsed: dict[int, VersionSpec] = {}
+    versions: dict[str, VersionSpec] = {}
+    for name, rules in raw.versions.items():
+        # Names listed together share one rule set: read (and report) it once.
+        if id(rules) not in parsed:
+            parsed[id(rules)] = parse_version(rules.ctx, rules.key, rules.value)
+        versions[name] = parsed[id(rules)]
+    confirmed = _check_apiserver_immutable(raw, versions)
+    kind = raw.keys["kind"]
+    return KindSpec(
+        group=raw.group,
+        resource=raw.resource,
+        kind=kind.ctx.string(kind.value, kind.key, _KIND),
+        scope=_enum(raw, "scope", Scope, None),
+        rule=rule,
+        versions=versions,
+        verbs=verbs,
+        subresources=subresources,
+        list_selector=_enum(raw, "listSelector", ListSelectorMode, ListSelectorMode.REQUIRE),
+        fill=frozenset(_fill(raw)),
+        pool_separators=separators,
+        encodings=_encodings(raw),
+        apiserver_immutable_confirmed=confirmed,
+    )
+
+
+def _enum(raw: RawKind, name: str, enum_type: Any, default: Any) -> Any:
+    if name not in raw.keys:
+        return default
+    loc = raw.keys[name]
+    return parse_enum(loc.ctx, enum_type, loc.value, loc.key)
+
+
+def _strings(raw: RawKind, name: str) -> list[str]:
+    if name not in raw.keys:
+        return []
+    loc = raw.keys[name]
+    return loc.ctx.string_list(loc.value, loc.key)
+
+
+def _fill(raw: RawKind) -> list[Field]:
+    loc = raw.keys.get("fill")
+    if loc is None:
+        return []
+    return [parse_enum(loc.ctx, Field, value, loc.key) for value in _strings(raw, "fill")]
+
+
+def _allowed_verbs() -> list[str]:
+    return [v for v in _VERB_ORDER if v in ALL_VERBS] + sorted(ALL_VERBS - set(_VERB_ORDER))
+
+
+def _verbs(loc: Located) -> frozenset[str]:
+    verbs = frozenset(loc.ctx.string_list(loc.value, loc.key))
+    if unknown := verbs - ALL_VERBS:
+        listed = ", ".join(f'"{verb}"' for verb in sorted(unknown))
+        loc.fail(
+            f"unknown verb{'s' if len(unknown) > 1 else ''} {listed} "
+            f"(allowed: {', '.join(_allowed_verbs())})"
+        )
+    return verbs
+
+
+def _pool_separators(raw: RawKind) -> tuple[str, ...]:
+    """``poolSeparators``: what may follow the node name in a pool name (default ``["/"]``)."""
+    if "poolSeparators" not in raw.keys:
+        return STRICT_POOL_SEPARATORS
+    loc = raw.keys["poolSeparators"]
+    values = _strings(raw, "poolSeparators")
+    if not values:
+        loc.fail("must list at least one separator (the pool may always equal the node)")
+    for value in values:
+        if value not in POOL_SEPARATORS:
+            loc.fail(f"{value!r} is not one of {', '.join(POOL_SEPARATORS)}")
+    if len(set(values)) != len(values):
+        loc.fail("lists a separator twice")
+    return tuple(values)
+
+
+def _encodings(raw: RawKind) -> frozenset[str]:
+    """``encodings``: request body encodings accepted (default ``[json]``). Protobuf and CBOR
+    are decoded by the apiserver in a dry run: list them only for kinds it serves built in (a
+    custom resource endpoint cannot read protobuf)."""
+    if "encodings" not in raw.keys:
+        return frozenset({"json"})
+    loc = raw.keys["encodings"]
+    values = _strings(raw, "encodings")
+    for value in values:
+        if value not in ENCODINGS:
+            loc.fail(f"{value!r} is not one of {', '.join(ENCODINGS)}")
+    if "json" not in values:
+        loc.fail("must include json (patches and the gatekeeper's own reads are JSON)")
+    if len(set(values)) != len(values):
+        loc.fail("lists an encoding twice")
+    return frozenset(values)
+
+
+def _check_not_node_local(
+    raw: RawKind, verbs: frozenset[str], rule: str, allowed: frozenset[str]
+) -> None:
+    """What a rule other than NodeLocal refuses: the keys only NodeLocal reads, and verbs
+    beyond ``allowed``."""
+    for name in _NODE_LOCAL_ONLY:
+        if name in raw.keys:
+            raw.keys[name].fail(f"is not used by rule {rule}")
+    if extra := verbs - allowed:
+        raw.keys["verbs"].fail(
+            f"rule {rule} allows only {', '.join(sorted(allowed))}, not {', '.join(sorted(extra))}"
+        )
+
+
+def _check_allocated(raw: RawKind, verbs: frozenset[str], subresources: frozenset[str]) -> None:
+    """What rule AllocatedToDriver cannot mean: creating or deleting objects allocated by
+    someone else, or writing anything but their status."""
+    _check_not_node_local(raw, verbs, "AllocatedToDriver", ALLOCATED_VERBS)
+    if subresources - {"status"}:
+        raw.keys["subresources"].fail("rule AllocatedToDriver allows only [status]")
+    if verbs & {"update", "patch"} and "status" not in subresources:
+        given = raw.keys.get("subresources")
+        ctx, key = (
+            (given.ctx, given.key)
+            if given
+            else (raw.origin.ctx, join_key(raw.origin.key, "subresources"))
+        )
+        ctx.fail(
+            key,
+            "rule AllocatedToDriver writes only through the status subresource: "
+            "list [status] or drop update/patch from verbs",
+        )
+
+
+def _check_own_node(raw: RawKind, verbs: frozenset[str], subresources: frozenset[str]) -> None:
+    """Rule OwnNode reads one cluster-scoped object, the one named after this node."""
+    _check_not_node_local(raw, verbs, "OwnNode", OWN_NODE_VERBS)
+    if subresources:
+        raw.keys["subresources"].fail("rule OwnNode allows no subresources")
+    if raw.keys["scope"].value != Scope.CLUSTER.value:
+        raw.keys["scope"].fail("rule OwnNode names a cluster-scoped object")
+
+
+def _check_apiserver_immutable(raw: RawKind, versions: dict[str, VersionSpec]) -> bool:
+    """``apiserverImmutable`` asserts what the apiserver refuses; on it the gatekeeper forwards
+    an apply-create as an apply (DESIGN §4.4). For a built-in group that is Kubernetes' own
+    compiled-in validation; for any other group it is whatever the cluster's CRD says, so the
+    policy must confirm it for this kind by name: a kind block copied to a new kind does not
+    carry the assertion over silently."""
+    asserting = [
+        (name, raw.versions[name]) for name, spec in versions.items() if spec.apiserver_immutable
+    ]
+    confirm = raw.keys.get(CONFIRMED)
+    if raw.group in BUILT_IN_GROUPS:
+        if confirm is not None:
+            confirm.fail(
+                f"is only for kinds outside the built-in Kubernetes API groups: the validation "
+                f"of {raw.group or 'the core group'} is the apiserver's own"
+            )
+        return False
+    if confirm is None:
+        if asserting:
+            name, rules = asserting[0]
+            key = APISERVER_IMMUTABLE if APISERVER_IMMUTABLE in rules.value else "immutable"
+            rules.fail(
+                f"asserts that the apiserver refuses changes to these fields of "
+                f"{raw.qualified} {name}, a kind outside the built-in Kubernetes API groups: "
+                f"only its CRD's validation (a rule self == oldSelf on each field) makes that "
+                f"true. Confirm it with `{CONFIRMED}: {raw.qualified}` on the kind, or drop "
+                f"{key} (README, apiserverImmutable)",
+                key,
+            )
+        return False
+    if confirm.value != raw.qualified:
+        confirm.fail(
+            f"{confirm.value!r} is not this kind: it must name {raw.qualified} (a confirmation "
+            "is for one kind's CRD, not for a copy of it)"
+        )
+    if not asserting:
+        confirm.fail(f"confirms nothing: no version of {raw.qualified} lists {APISERVER_IMMUTABLE}")
+    return True
