@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
+from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, shallow, within_depth
 
 __all__ = ["MAX_CAPTURED_RESPONSE", "ResponseCapture"]
 
@@ -42,9 +42,13 @@ class ResponseCapture:
         """The decoded JSON object, or None (disabled, too large or not a JSON object)."""
         if not self._enabled or not self._chunks:
             return None
+        raw = b"".join(self._chunks)
         try:
-            value = parse_bounded(b"".join(self._chunks), limit=MAX_OBJECT_DEPTH)
+            value = parse_bounded(raw, limit=MAX_OBJECT_DEPTH)
         except ValueError:
             return None
+        if not isinstance(value, dict):
+            return None
         # Too deep to serialize safely into the log: the event keeps its metadata only.
-        return value if isinstance(value, dict) and within_depth(value, MAX_OBJECT_DEPTH) else None
+        deep = not shallow(raw, MAX_OBJECT_DEPTH) and not within_depth(value, MAX_OBJECT_DEPTH)
+        return None if deep else value

@@ -25,6 +25,7 @@ __all__ = [
     "TOO_DEEP",
     "finite_float",
     "parse_bounded",
+    "shallow",
     "within_depth",
 ]
 
@@ -62,6 +63,13 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"number {text[:40]} is out of range (not a finite double)")
     return value
+
+
+def shallow(raw: bytes | bytearray, limit: int) -> bool:
+    """Whether the JSON text ``raw`` cannot nest more than ``limit`` containers deep: every
+    level opens a bracket, so fewer brackets than the limit (inside strings too) settle it in C
+    without a walk. False says nothing: :func:`within_depth` decides on the parsed value."""
+    return raw.count(b"{") + raw.count(b"[") <= limit
 
 
 def within_depth(value: Any, limit: int) -> bool:

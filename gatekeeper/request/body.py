@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gatekeeper.codec.jsonbounds import MAX_BODY_DEPTH, finite_float, within_depth
+from gatekeeper.codec.jsonbounds import MAX_BODY_DEPTH, finite_float, shallow, within_depth
 from gatekeeper.codec.yamlbody import YAMLBodyError, load_json_yaml
 from gatekeeper.errors import Refusal
 
@@ -126,7 +126,7 @@ def decode_json(raw: bytes) -> Any:
         raise Refusal(400, str(exc)) from exc
     except ValueError as exc:
         raise Refusal(400, f"request body is not valid JSON: {exc}") from exc
-    if not within_depth(value, MAX_BODY_DEPTH):
+    if not shallow(raw, MAX_BODY_DEPTH) and not within_depth(value, MAX_BODY_DEPTH):
         raise _too_deep()
     return value
 
@@ -149,6 +149,9 @@ class _AmbiguousKey(ValueError):
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # SECURITY: DESIGN §4.4 — Go's decoder matches keys case-insensitively and keeps the last
     # duplicate, so `{"driver": "a", "Driver": "b"}` could be checked as "a" and stored as "b".
+    obj = dict(pairs)
+    if len(obj) == len(pairs) and len(set(map(str.lower, obj))) == len(obj):
+        return obj  # the common case, checked in C; the loop below names the offending keys
     seen: dict[str, str] = {}
     for key, _ in pairs:
         folded = key.lower()
@@ -156,7 +159,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             what = "duplicate key" if seen[folded] == key else "keys differing only in case"
             raise _AmbiguousKey(f'request body has {what}: "{seen[folded]}" and "{key}"')
         seen[folded] = key
-    return dict(pairs)
+    return obj
 
 
 def _no_constant(name: str) -> Any:

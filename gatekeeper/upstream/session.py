@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 
 from gatekeeper.codec import jsoncodec
-from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, within_depth
+from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded, shallow, within_depth
 from gatekeeper.errors import UpstreamError
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.types import KubeObject
@@ -342,7 +342,11 @@ async def read_json_object(
         raise UpstreamError(502, f"upstream sent invalid JSON for {what}") from exc
     if not isinstance(obj, dict):
         raise UpstreamError(502, f"upstream sent a non-object for {what}")
-    if max_depth is not None and not within_depth(obj, max_depth):
+    if (
+        max_depth is not None
+        and not shallow(data, min(max_depth, MAX_OBJECT_DEPTH))
+        and not within_depth(obj, max_depth)
+    ):
         raise UpstreamError(
             502,
             f"the upstream object for {what} is nested more than {max_depth} levels deep: "

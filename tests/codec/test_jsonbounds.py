@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatekeeper.codec.jsonbounds import TOO_DEEP, finite_float, parse_bounded, within_depth
+from gatekeeper.codec.jsonbounds import (
+    TOO_DEEP,
+    finite_float,
+    parse_bounded,
+    shallow,
+    within_depth,
+)
 
 _SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 _VALUES = st.recursive(
@@ -81,6 +87,20 @@ def test_invalid_deep_json_is_a_value_error(text: str) -> None:
 )
 def test_within_depth(value: Any, limit: int, ok: bool) -> None:
     assert within_depth(value, limit) is ok
+
+
+@given(_VALUES, st.integers(min_value=0, max_value=6))
+def test_shallow_text_is_never_deeper_than_the_limit(value: Any, limit: int) -> None:
+    """The bracket count is a shortcut only: whatever it lets through, the walk agrees with."""
+    raw = json.dumps(value).encode()
+    if shallow(raw, limit):
+        assert within_depth(json.loads(raw), limit)
+
+
+def test_brackets_inside_strings_only_make_the_shortcut_give_way() -> None:
+    raw = json.dumps({"a": "[[[[{{{{"}).encode()
+    assert not shallow(raw, 3) and within_depth(json.loads(raw), 3)
+    assert not shallow(nested(5).encode(), 4) and shallow(nested(5).encode(), 5)
 
 
 @pytest.mark.parametrize("text", ["1e400", "-1e309", "1E+999"])

@@ -1,4 +1,4 @@
-"""Issue 9 end to end: the gatekeeper forwards exactly what the apiserver would act on.
+"""End to end, the gatekeeper forwards exactly what the apiserver would act on.
 
 Through a running gatekeeper in front of the embedded API server (faithful to recordings
 148-205): delete options, deletecollection bodies, server-side apply (kubectl), reads of the

@@ -1,5 +1,5 @@
-"""Issue 9 end to end, claims and the upstream clients: the apiserver's merge semantics on claim
-status (item 4), the official Python client's read-modify-write (item 5), WatchList through
+"""End to end, claims and the upstream clients: the apiserver's merge semantics on claim
+status, the official Python client's read-modify-write, WatchList through
 the claim filter, the NotFound of a hidden claim in every version, and the request sequence of
 the DRA helper library's ResourceSlice publisher."""
 
