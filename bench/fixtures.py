@@ -7,6 +7,7 @@ directory for one run and removed with it.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import json
 import os
 import socket
@@ -23,16 +24,23 @@ from aiohttp import web
 
 from gatekeeper.apiserver import resource_slice
 from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
+from gatekeeper.codec.kubeproto import PROTOBUF
 from gatekeeper.testing.harness import free_port
+from tests.codec.test_kubeproto import body as protobuf_envelope
+from tests.codec.test_kubeproto import field, number
 
 __all__ = [
+    "COUNTER_WIDTH",
     "DRIVER",
     "NODE",
     "PINNED_QUERY",
+    "PROTOBUF",
+    "PROTOBUF_ACCEPT",
     "ROOT",
     "SLICES",
     "TOKEN",
     "Pki",
+    "counted_slice_protobuf",
     "free_port",
     "item_slice",
     "list_document",
@@ -40,6 +48,7 @@ __all__ = [
     "python_process",
     "serve_tls",
     "slice_body",
+    "slice_protobuf",
     "stop_process",
     "wait_ready",
     "write_kubeconfig",
@@ -50,6 +59,8 @@ NODE, DRIVER, TOKEN = "node-a", "gpu.example.com", "bench-token"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED_QUERY = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{DRIVER}"
 ITEM_NAME = f"{NODE}-bench"
+PROTOBUF_ACCEPT = f"{PROTOBUF},application/json"
+"""What client-go's typed clients ask for (and send: ``Content-Type: PROTOBUF``)."""
 
 
 def slice_body(name: str, *, devices: int = 20) -> dict[str, Any]:
@@ -70,6 +81,91 @@ def item_slice(name: str = ITEM_NAME, rv: int = 1) -> dict[str, Any]:
         creationTimestamp="2026-01-01T00:00:00Z",
     )
     return obj
+
+
+def slice_protobuf(obj: dict[str, Any]) -> bytes:
+    """A ``resource.k8s.io/v1`` ResourceSlice as client-go sends it in protobuf: ``k8s\\0`` +
+    runtime.Unknown around the object, fields in number order, empty strings written (gogo).
+
+    Only what :func:`slice_body`, :func:`item_slice` and client-go's recorded slices use
+    (labels, uid, resourceVersion, generation, creationTimestamp; driver, pool, nodeName,
+    devices with attributes and capacity); anything else is a ValueError rather than silently
+    dropped. The wire writer is the tests' (``tests/codec/test_kubeproto.py``)."""
+    meta, spec = obj["metadata"], obj["spec"]
+    _only(meta, _META_FIELDS, "metadata")
+    _only(spec, {"driver", "pool", "nodeName", "devices"}, "spec")
+    created = meta.get("creationTimestamp")
+    seconds = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ")) if created else 0
+    timestamp = number(1, seconds) + number(2, 0) if created else b""
+    metadata = (
+        field(1, meta.get("name", ""))
+        + b"".join(field(n, "") for n in (2, 3, 4))
+        + field(5, meta.get("uid", ""))
+        + field(6, meta.get("resourceVersion", ""))
+        + number(7, meta.get("generation", 0))
+        + field(8, timestamp)
+        + _map(11, meta.get("labels", {}), lambda value: value)
+    )
+    pool = spec["pool"]
+    message = (
+        field(1, spec["driver"])
+        + field(
+            2,
+            field(1, pool["name"])
+            + number(2, pool["generation"])
+            + number(3, pool["resourceSliceCount"]),
+        )
+        + field(3, spec["nodeName"])
+        + b"".join(field(6, _device(device)) for device in spec["devices"])
+    )
+    api = obj.get("apiVersion", "resource.k8s.io/v1")
+    return protobuf_envelope(metadata, rest=field(2, message), api=api)
+
+
+_META_FIELDS = {"name", "uid", "resourceVersion", "generation", "creationTimestamp", "labels"}
+COUNTER_WIDTH = 12
+"""Digits of the load generator's request number in a protobuf create's name (its counters
+stay below 10**11: worker index * 10**8 + requests)."""
+
+
+def counted_slice_protobuf(prefix: str) -> bytes:
+    """:func:`slice_protobuf` of :func:`slice_body` named ``prefix{n}``, for the load generator
+    to number with ``counter_width=COUNTER_WIDTH``: the length prefixes already count the
+    ``COUNTER_WIDTH`` digits that replace the three characters ``{n}``."""
+    sentinel = "#" * COUNTER_WIDTH
+    return slice_protobuf(slice_body(prefix + sentinel)).replace(sentinel.encode(), b"{n}")
+
+
+def _only(doc: dict[str, Any], known: set[str], what: str) -> None:
+    if extra := set(doc) - known:
+        raise ValueError(f"slice_protobuf cannot encode {what} fields {sorted(extra)}")
+
+
+def _map(number_: int, entries: dict[str, Any], encode: Any) -> bytes:
+    """A protobuf map: one entry message per key, sorted (as gogo writes them)."""
+    return b"".join(
+        field(number_, field(1, key) + field(2, encode(entries[key]))) for key in sorted(entries)
+    )
+
+
+def _attribute(value: dict[str, Any]) -> bytes:
+    ((kind, item),) = value.items()
+    if kind == "int":
+        return number(2, item)
+    if kind == "bool":
+        return number(3, int(item))
+    if kind in ("string", "version"):
+        return field(4 if kind == "string" else 5, item)
+    raise ValueError(f"slice_protobuf cannot encode a {kind} attribute")
+
+
+def _device(device: dict[str, Any]) -> bytes:
+    _only(device, {"name", "attributes", "capacity"}, "device")
+    return (
+        field(1, device["name"])
+        + _map(2, device.get("attributes", {}), _attribute)
+        + _map(3, device.get("capacity", {}), lambda c: field(1, field(1, c["value"])))
+    )
 
 
 def list_document(count: int) -> bytes:

@@ -4,7 +4,9 @@ wrk cannot present a client certificate and ab speaks HTTP/1.0 (no chunked answe
 keep-alive through a streaming proxy), so the benchmark brings its own: ``processes`` worker
 processes, each driving its share of the connections with a selector, one request in flight per
 connection, every request timed. ``{n}`` in a path or body becomes a per-request counter
-(unique names for creates). Bounded by ``duration`` and ``max_requests``.
+(unique names for creates); with ``counter_width``, always that many digits, zero-padded (a
+binary body whose length prefixes must not move: protobuf). Bounded by ``duration`` and
+``max_requests``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Workload:
     path: str
     body: bytes = b""
     content_type: str = "application/json"
+    accept: str = "application/json"
+    counter_width: int = 0
+    """Digits ``{n}`` always becomes (zero-padded); 0: as many as the number has."""
 
 
 @dataclass(slots=True)
@@ -192,10 +197,13 @@ class _Conn:
 
 
 def _request_bytes(target: Target, workload: Workload, n: int) -> bytes:
-    path = workload.path.replace("{n}", str(n))
-    body = workload.body.replace(b"{n}", str(n).encode()) if workload.body else b""
+    counter = str(n).zfill(workload.counter_width)
+    if workload.counter_width and len(counter) != workload.counter_width:
+        raise ValueError(f"request number {n} has more than {workload.counter_width} digits")
+    path = workload.path.replace("{n}", counter)
+    body = workload.body.replace(b"{n}", counter.encode()) if workload.body else b""
     lines = [f"{workload.method} {path} HTTP/1.1", "Host: localhost", "User-Agent: gk-bench/1"]
-    lines.append("Accept: application/json")
+    lines.append(f"Accept: {workload.accept}")
     lines.extend(f"{k}: {v}" for k, v in target.headers)
     if body or workload.method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Type: {workload.content_type}")

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench.fixtures import SLICES, TOKEN, Pki, item_slice, list_document
+from bench.fixtures import SLICES, TOKEN, Pki, item_slice, list_document, slice_protobuf
 
 __all__ = ["find_nginx", "start_fixed_upstream", "start_reverse_proxy"]
 
@@ -39,20 +39,27 @@ http {{
 }}
 """
 
+# A write's answer is in protobuf when Accept prefers it (client-go), else JSON (the
+# gatekeeper's dry run of a protobuf body asks for JSON).
 _FIXED = """
+  map $http_accept $answer {{
+    "~^application/vnd\\.kubernetes\\.protobuf" pb;
+    default json;
+  }}
   server {{
     listen 127.0.0.1:{port} ssl backlog=2048;
     ssl_certificate {cert};
     ssl_certificate_key {key};
     root {www};
+    types {{ application/vnd.kubernetes.protobuf pb; }}
     default_type application/json;
     location = {slices} {{
       rewrite ^ /fixed/list.json break;
-      error_page 405 =201 /fixed/created.json;
+      error_page 405 =201 /fixed/created.$answer;
     }}
     location {slices}/ {{
       rewrite ^ /fixed/slice.json break;
-      error_page 405 =200 /fixed/slice.json;
+      error_page 405 =200 /fixed/slice.$answer;
     }}
     location /fixed/ {{ internal; }}
   }}
@@ -102,11 +109,16 @@ def _start(binary: str, workdir: Path, servers: str, log: Path) -> subprocess.Po
 def start_fixed_upstream(
     binary: str, workdir: Path, port: int, pki: Pki, list_count: int
 ) -> subprocess.Popen:
-    """Static answers: a slice for get/update, 201 for a create, a list of ``list_count``."""
+    """Static answers: a slice for get/update, 201 for a create, a list of ``list_count``;
+    a write that prefers protobuf is answered in protobuf. Fixed, unlike
+    ``bench.upstream_app``'s: a create's answer (and the JSON dry run of a protobuf create)
+    names ``node-a-bench``, not the name sent."""
     www = workdir / "www" / "fixed"
     www.mkdir(parents=True, exist_ok=True)
     (www / "slice.json").write_text(json.dumps(item_slice()))
     (www / "created.json").write_text(json.dumps(item_slice()))
+    (www / "slice.pb").write_bytes(slice_protobuf(item_slice()))
+    (www / "created.pb").write_bytes(slice_protobuf(item_slice()))
     (www / "list.json").write_bytes(list_document(list_count))
     servers = _FIXED.format(
         port=port, cert=pki.server_cert, key=pki.server_key, www=workdir / "www", slices=SLICES

@@ -50,6 +50,39 @@ def _throughput(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+_PROTOBUF_PAIRS = (("create", "create-pb"), ("update", "update-pb"))
+"""JSON writes and their protobuf twins (client-go's default: one more upstream round trip,
+the dry run that decodes the body)."""
+
+
+def _encodings(report: dict[str, Any]) -> list[str]:
+    """The gatekeeper's JSON and protobuf writes side by side, and what protobuf adds."""
+    throughput = report["throughput"]
+    pairs = [(j, p) for j, p in _PROTOBUF_PAIRS if j in throughput and p in throughput]
+    if not pairs:
+        return []
+    lines = [
+        "\n#### Writes through the gatekeeper, JSON vs protobuf (req/s; p50 ms; CPU µs per"
+        " request)\n",
+        "| write | c | JSON | protobuf | pb/JSON req/s | protobuf adds (p50, less direct's) |",
+        "|---|---|---|---|---|---|",
+    ]
+    empty = {"rps": 0, "p50_ms": 0, "cpu_us": 0}
+    for json_key, pb_key in pairs:
+        for c, row in throughput[json_key].items():
+            pb_row = throughput[pb_key].get(c, {})
+            gk, gk_pb = row.get("gatekeeper", empty), pb_row.get("gatekeeper", empty)
+            direct, direct_pb = row.get("direct", empty), pb_row.get("direct", empty)
+            added = (gk_pb["p50_ms"] - gk["p50_ms"]) - (direct_pb["p50_ms"] - direct["p50_ms"])
+            lines.append(
+                f"| {json_key} | {c[2:]} | {gk['rps']:,.0f}; {gk['p50_ms']:.2f};"
+                f" {gk['cpu_us']:.0f} µs | {gk_pb['rps']:,.0f}; {gk_pb['p50_ms']:.2f};"
+                f" {gk_pb['cpu_us']:.0f} µs | {_ratio(gk_pb['rps'], gk['rps'])} |"
+                f" {added:+.2f} ms |"
+            )
+    return lines
+
+
 def _engine(report: dict[str, Any]) -> list[str]:
     lines = [
         "\n#### Decision engine alone (best of 3, µs per call)\n",
@@ -115,7 +148,7 @@ def render(report: dict[str, Any]) -> str:
         "(-unix: the driver's Unix socket; -audit: audit log to a file); nginx = plain mTLS "
         "reverse proxy (1 worker); naive = aiohttp pass-through without checks",
     ]
-    lines += _throughput(report) + _wrk(report)
+    lines += _throughput(report) + _encodings(report) + _wrk(report)
     if "engine" in report:
         lines += _engine(report) + _resources(report)
     return "\n".join(lines)

@@ -1,12 +1,14 @@
 """The side-by-side benchmark, one command (DESIGN §5):
 
     python bench/run.py [--smoke] [--duration S] [--reps N] [--concurrency 1,16,64]
-                        [--workloads get,create,update,list] [--json FILE]
+                        [--workloads get,create,create-pb,update,update-pb,list] [--json FILE]
 
 Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and on) vs nginx
 as a plain reverse proxy (when installed) vs a naive aiohttp pass-through, against one fast
-fixed-answer HTTPS upstream; small GET, 2 KB create, update (fetch + write), pinned list of
-500 slices (~1 MB), at each concurrency; interleaved repetitions (median of ``--reps``);
+fixed-answer HTTPS upstream; small GET, 2 KB create, update (fetch + write), each write also
+in protobuf as client-go sends it (the gatekeeper adds a ``dryRun=All`` round trip to decode
+it), pinned list of 500 slices (~1 MB), at each concurrency; interleaved repetitions (median
+of ``--reps``);
 then the engine alone, memory and watches, audit writer. Loopback only, every loop bounded.
 ``--smoke`` runs a seconds-long version (CI: it only has to run and produce numbers).
 """
@@ -29,7 +31,17 @@ from typing import Any
 if __package__ in (None, ""):  # python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.fixtures import PINNED_QUERY, SLICES, item_slice, slice_body
+from bench.fixtures import (
+    COUNTER_WIDTH,
+    PINNED_QUERY,
+    PROTOBUF,
+    PROTOBUF_ACCEPT,
+    SLICES,
+    counted_slice_protobuf,
+    item_slice,
+    slice_body,
+    slice_protobuf,
+)
 from bench.loadgen import LoadResult, Target, Workload, generator_pool, run_load
 from bench.report import render
 from bench.stack import Stack
@@ -41,8 +53,25 @@ WORKLOADS = {
     "create": Workload(
         "2 KB create", "POST", SLICES, json.dumps(slice_body("node-a-w-{n}")).encode()
     ),
+    "create-pb": Workload(
+        "2 KB create, protobuf",
+        "POST",
+        SLICES,
+        counted_slice_protobuf("node-a-w-"),
+        content_type=PROTOBUF,
+        accept=PROTOBUF_ACCEPT,
+        counter_width=COUNTER_WIDTH,
+    ),
     "update": Workload(
         "update (fetch + write)", "PUT", f"{SLICES}/node-a-bench", json.dumps(item_slice()).encode()
+    ),
+    "update-pb": Workload(
+        "update (fetch + write), protobuf",
+        "PUT",
+        f"{SLICES}/node-a-bench",
+        slice_protobuf(item_slice()),
+        content_type=PROTOBUF,
+        accept=PROTOBUF_ACCEPT,
     ),
     "list": Workload("pinned list, 500 slices", "GET", f"{SLICES}?{PINNED_QUERY}"),
 }

@@ -6,6 +6,9 @@
 - GET  .../resourceslices/NAME          the stored slice NAME (owned by the bench driver/node)
 - POST .../resourceslices                201, the request body echoed
 - PUT  .../resourceslices/NAME          200, the request body echoed
+  (a protobuf body: echoed in protobuf when ``Accept`` prefers it, as client-go asks; else, as
+  the gatekeeper's ``dryRun=All`` asks, the JSON of the slice it encodes, as the apiserver
+  answers: ``item_slice`` of the envelope's name, without resourceVersion for a create)
 - GET  .../resourceslices?...            a list of ``--list-count`` slices (~2 KB each);
                                          with ``labelSelector=bench=big`` a ``--big-mb`` MB list
                                          (a file, sent with sendfile)
@@ -27,7 +30,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bench.fixtures import NODE, SLICES, item_slice, list_document, serve_tls
+from bench.fixtures import NODE, PROTOBUF, SLICES, item_slice, list_document, serve_tls
+from gatekeeper.codec.kubeproto import read_envelope
 from gatekeeper.server.runtime import loop_factory
 
 __all__ = ["build_app", "main"]
@@ -52,6 +56,8 @@ def build_app(list_count: int, big_file: Path | None) -> web.Application:
 
     async def collection(request: web.Request) -> web.StreamResponse:
         if request.method == "POST":
+            if request.content_type == PROTOBUF:
+                return await _protobuf_write(request, 201)
             return web.Response(status=201, body=await request.read(), content_type=_JSON)
         if request.query.get("watch") in ("true", "1"):
             return await _watch(request)
@@ -62,6 +68,8 @@ def build_app(list_count: int, big_file: Path | None) -> web.Application:
     async def item(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if request.method == "PUT":
+            if request.content_type == PROTOBUF:
+                return await _protobuf_write(request, 200)
             return web.Response(body=await request.read(), content_type=_JSON)
         return web.Response(body=one(name), content_type=_JSON)
 
@@ -88,6 +96,20 @@ def build_app(list_count: int, big_file: Path | None) -> web.Application:
     app.router.add_post("/bench/emit", emit)
     app.router.add_get("/bench/watches", count)
     return app
+
+
+async def _protobuf_write(request: web.Request, status: int) -> web.Response:
+    """A protobuf create (201) or update (200): the bytes echoed when the client prefers
+    protobuf, else the JSON of the slice they encode (what the gatekeeper's dry run reads)."""
+    raw = await request.read()
+    preferred = request.headers.get("Accept", "").split(",")[0].split(";")[0].strip()
+    if preferred == PROTOBUF:
+        return web.Response(status=status, body=raw, content_type=PROTOBUF)
+    obj = item_slice(read_envelope(raw).name)
+    if request.method == "POST":  # the apiserver's create: generation 1, no version on a dry run
+        obj["metadata"]["generation"] = 1
+        del obj["metadata"]["resourceVersion"]
+    return web.Response(status=status, body=json.dumps(obj).encode(), content_type=_JSON)
 
 
 async def _watch(request: web.Request) -> web.StreamResponse:
