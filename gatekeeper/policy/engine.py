@@ -104,8 +104,17 @@ class Engine:
         fetch = None
         if info.verb in _OBJECT_VERBS:
             fetch = info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
-        plan = Plan(identity, info, media_type, kind, version, self.node_name, fetch, scope)
-        return replace(plan, answer_from_fetch=plain_json and _answerable_get(info))
+        return Plan(
+            identity,
+            info,
+            media_type,
+            kind,
+            version,
+            self.node_name,
+            fetch,
+            scope,
+            answer_from_fetch=plain_json and _answerable_get(info),
+        )
 
     def decide(
         self,
