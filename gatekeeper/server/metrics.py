@@ -8,11 +8,9 @@ client trace; the rest by the parts that know (TLS, reloads, certificates, the a
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections import Counter as CounterType
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 import aiohttp
@@ -28,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.audit import AuditSink
 from gatekeeper.server.rules import rule_of
+from gatekeeper.upstream.session import AnswerHook
 
 __all__ = [
     "CONTENT_TYPE",
@@ -197,23 +196,18 @@ class Metrics:
 
     # --- upstream --------------------------------------------------------------------------
 
-    def upstream_trace(self, watches: UpstreamWatches) -> aiohttp.TraceConfig:
-        """A client trace timing the upstream's answers and tracking its open watches."""
-        trace = aiohttp.TraceConfig()
+    def upstream_answer(self, watches: UpstreamWatches) -> AnswerHook:
+        """Times the upstream's answers, and keeps its open watches for a clean shutdown."""
         histogram = self.upstream_latency
 
-        async def on_start(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-            ctx.started = time.monotonic()
+        def on_answer(
+            method: str, seconds: float, response: aiohttp.ClientResponse, watch: bool
+        ) -> None:
+            histogram.labels(method).observe(seconds)
+            if watch:
+                watches.add(response)
 
-        async def on_end(_: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
-            histogram.labels(params.method).observe(time.monotonic() - ctx.started)
-            if params.url.query.get("watch") in ("true", "1", "True", "TRUE", "t", "T"):
-                watches.add(params.response)
-
-        trace.on_request_start.append(on_start)
-        trace.on_request_end.append(on_end)
-        trace.freeze()
-        return trace
+        return on_answer
 
 
 class UpstreamWatches:

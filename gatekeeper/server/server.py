@@ -183,7 +183,7 @@ class GatekeeperServer:
             config.upstream,
             tokens=config.tokens,
             ssl_context=config.upstream_ssl,
-            trace_configs=[self.metrics.upstream_trace(self.upstream_watches)],
+            on_answer=self.metrics.upstream_answer(self.upstream_watches),
             limits=config.limits,
         )
         self.gatekeeper = Gatekeeper(

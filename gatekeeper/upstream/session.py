@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, Protocol
 
@@ -28,6 +29,7 @@ from gatekeeper.upstream.kubeconfig import TokenSource, UpstreamConfig, build_ss
 
 __all__ = [
     "MAX_OBJECT_BYTES",
+    "AnswerHook",
     "Pool",
     "Upstream",
     "UpstreamResponse",
@@ -43,6 +45,10 @@ MAX_OBJECT_BYTES = 16 * 1024 * 1024
 _JSON = "application/json"
 
 Pool = Literal["own", "requests", "watches"]
+AnswerHook = Callable[[str, float, aiohttp.ClientResponse, bool], None]
+"""Called once the upstream's response headers arrived: method, seconds taken, the response,
+and whether it is a watch (metrics and shutdown keep track of them; no aiohttp trace, whose
+signals cost every request a dozen awaits)."""
 """Whose request it is: the gatekeeper's own reads (fetch, dry run), drivers' requests, drivers'
 watches. Each has its own connections (README, "Limits")."""
 
@@ -166,13 +172,13 @@ class UpstreamSession:
         *,
         tokens: TokenSource | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        on_answer: AnswerHook | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.config = config
         self._tokens = tokens if tokens is not None else TokenSource(config)
         self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
-        self._trace_configs = list(trace_configs)
+        self._on_answer = on_answer
         self.limits = limits
         # SECURITY: README "Limits" — three pools, so that drivers' watches (which hold a
         # connection for as long as they last) never make the gatekeeper's own reads, or other
@@ -200,7 +206,6 @@ class UpstreamSession:
                 connector=connector,
                 auto_decompress=True,
                 skip_auto_headers=("Accept-Encoding",),
-                trace_configs=self._trace_configs or None,
             )
 
     async def close(self) -> None:
@@ -252,6 +257,7 @@ class UpstreamSession:
         long_running: bool,
         on_eof: Callable[[], None],
     ) -> AsyncIterator[UpstreamResponse]:
+        started = time.monotonic()
         try:
             response = await session.request(
                 method,
@@ -263,6 +269,8 @@ class UpstreamSession:
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _mapped(exc) from exc
+        if self._on_answer is not None:
+            self._on_answer(method, time.monotonic() - started, response, long_running)
         try:
             if 300 <= response.status < 400:
                 raise UpstreamError(502, f"upstream answered with a redirect ({response.status})")
