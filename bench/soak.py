@@ -5,7 +5,7 @@
 Three drivers, over their Unix sockets, send ``--rate`` requests a second in all: get, create then
 delete, update, a pinned list, a claim status merge patch, and one request in twenty that the
 policy refuses (another driver's slice: an intended refusal); ``--watches`` watches stay open
-(slices, pinned, and claims; 15 see every change, the others wait on a label no object carries),
+(slices, pinned, and claims; 15 see every change, the others wait on DevicePools nothing writes),
 re-opened when the server ends one. The upstream is the embedded
 API server in its own process (``demo --upstream-only``). Every minute: RSS of the serving
 process, requests, p50/p99, errors. It passes when RSS at the end is within 5 % of RSS at minute
@@ -228,10 +228,12 @@ async def _one(session: aiohttp.ClientSession, driver: str, kind: str, n: int) -
 
 
 # Watches that see every change: per driver, four on its slices and one on claims. The others
-# stay open on a label no object carries (a node's informers mostly wait): every write fanned out
-# to 500 watches would be 75,000 events a second, a load test of the event path rather than a
-# soak of the serving process.
+# wait on the driver's DevicePools, which nothing writes here (a node's informers mostly wait):
+# every write fanned out to 500 watches would be 75,000 events a second, a load test of the
+# event path (and of the embedded API server's selectors) rather than a soak of the serving
+# process.
 LIVE_WATCHES = 15
+POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
 
 
 async def _watch(
@@ -239,7 +241,7 @@ async def _watch(
 ) -> None:
     pinned = f"fieldSelector=spec.driver%3D{driver}%2Cspec.nodeName%3D{NODE}"
     if number >= LIVE_WATCHES:
-        path = f"{SLICES}?watch=true&{pinned}&labelSelector=soak%3Dquiet"
+        path = f"{POOLS}?watch=true&{pinned}"
     elif number % 5 == 4:
         path = f"{CLAIMS}?watch=true"
     else:
