@@ -9,8 +9,8 @@ policy refuses (another driver's slice: an intended refusal); ``--watches`` watc
 re-opened when the server ends one. The upstream is the embedded
 API server in its own process (``demo --upstream-only``). Every minute: RSS of the serving
 process, requests, p50/p99, errors. It passes when RSS at the end is within 5 % of RSS at minute
-5, no error but the intended refusals, exactly one audit event per request, and p99 stable.
-Bounded: it stops by itself after ``--minutes``.
+5, no error but the intended refusals, exactly one audit event per request, and p99 stable;
+it exits 1 when it does not. Bounded: it stops by itself after ``--minutes``.
 """
 
 from __future__ import annotations
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(verdict, indent=2))
     if ns.json is not None:
         ns.json.write_text(json.dumps(verdict, indent=2))
-    return 0
+    return 0 if verdict["passed"] else 1
 
 
 if __name__ == "__main__":
