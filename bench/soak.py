@@ -308,12 +308,16 @@ async def _load(soak: Soak, serve_pid: int, minutes: float) -> None:
     soak.rss.append((time.monotonic() - began, _rss_kb(serve_pid)))
 
 
+def _p99_ms(latencies: list[float]) -> float:
+    ordered = sorted(latencies) or [0.0]
+    return ordered[int(len(ordered) * 0.99)] * 1e3
+
+
 def _report(soak: Soak, minute: Minute) -> None:
-    latencies = sorted(minute.latencies) or [0.0]
-    p99 = latencies[int(len(latencies) * 0.99)] * 1e3
     print(
         f"minute {len(soak.minutes):3d}: {len(minute.latencies)} requests, p50 "
-        f"{statistics.median(latencies) * 1e3:.2f} ms, p99 {p99:.2f} ms, unexpected "
+        f"{statistics.median(minute.latencies or [0.0]) * 1e3:.2f} ms, p99 "
+        f"{_p99_ms(minute.latencies):.2f} ms, unexpected "
         f"{minute.unexpected}, RSS {soak.rss[-1][1] / 1024:.1f} MB, codes {minute.codes}",
         flush=True,
     )
@@ -321,17 +325,18 @@ def _report(soak: Soak, minute: Minute) -> None:
 
 def _verdict(soak: Soak, audit: Path) -> dict[str, Any]:
     """The pass criteria: one audit event per request (watches included), no unexpected
-    answer, RSS at the end within 5 % of minute 5, p99 per minute."""
+    answer, RSS at the end within 5 % of minute 5, and p99 stable: after the first five
+    minutes, the median of the per-minute p99s in the second half is at most 1.25 times
+    that of the first half."""
     complete = 0
     with audit.open("rb") as log:  # an hour is about a million events: read line by line
         for line in log:
             if line.strip() and json.loads(line).get("stage") == "ResponseComplete":
                 complete += 1
-    p99s = []
-    for minute in soak.minutes:
-        if minute.latencies:
-            ordered = sorted(minute.latencies)
-            p99s.append(round(ordered[int(len(ordered) * 0.99)] * 1e3, 2))
+    p99s = [round(_p99_ms(m.latencies), 2) for m in soak.minutes if m.latencies]
+    steady = p99s[5:] or p99s or [0.0]
+    half = len(steady) // 2
+    first, second = statistics.median(steady[:half] or steady), statistics.median(steady[half:])
     at5 = next((rss for t, rss in soak.rss if t >= 300), soak.rss[0][1] if soak.rss else 0)
     end = soak.rss[-1][1] if soak.rss else 0
     verdict: dict[str, Any] = {
@@ -343,11 +348,14 @@ def _verdict(soak: Soak, audit: Path) -> dict[str, Any]:
         "rss_end_mb": round(end / 1024, 1),
         "rss_growth": round((end - at5) / at5, 4) if at5 else 0.0,
         "p99_ms_per_minute": p99s,
+        "p99_median_first_half_ms": round(first, 2),
+        "p99_median_second_half_ms": round(second, 2),
     }
     verdict["passed"] = (
         complete == soak.requests + soak.watch_opens
         and verdict["unexpected"] == 0
         and abs(verdict["rss_growth"]) <= 0.05
+        and second <= 1.25 * first
     )
     return verdict
 
