@@ -45,7 +45,8 @@ def status_body(
         "message": message,
         "reason": reason if reason is not None else REASONS.get(code, ""),
     }
-    if details:
-        body["details"] = details
+    if details or code == 405:
+        # The apiserver's MethodNotAllowed carries empty details (recording 199).
+        body["details"] = details or {}
     body["code"] = code
     return body

@@ -8,19 +8,19 @@ overrides some of its keys or versions); every value keeps the place it was writ
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gatekeeper.names import is_dns_subdomain
 from gatekeeper.policy._context import Context, Located, join_key, parse_enum
+from gatekeeper.policy._expressions import CEL_KEYS, KIND_CEL_KEYS, read_kind_cel, read_version_cel
 from gatekeeper.policy._versions import APISERVER_IMMUTABLE, read_versions, version_parser
 from gatekeeper.policy.model import (
     ALL_VERBS,
-    ALLOCATED_VERBS,
     BUILT_IN_GROUPS,
     ENCODINGS,
-    OWN_NODE_VERBS,
     POOL_SEPARATORS,
+    RULE_VERBS,
     STRICT_POOL_SEPARATORS,
     Field,
     KindRule,
@@ -57,12 +57,15 @@ KIND_KEYS = {
     "poolSeparators",
     "encodings",
     CONFIRMED,
+    *KIND_CEL_KEYS,
 }
 _REQUIRED = ("group", "resource", "kind", "scope", "rule", "verbs", "versions")
 # What a kind *is* cannot be overridden: an including file that wants another kind, scope or
 # rule defines its own policy instead of reinterpreting someone else's.
 OVERRIDE_KEYS = KIND_KEYS - {"kind", "scope", "rule"}
 _NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
+# The keys only some rules read, by rule (every other rule refuses them).
+_RULE_KEYS = {KindRule.NODE_LOCAL: set(_NODE_LOCAL_ONLY), KindRule.ON_NODE: {"listSelector"}}
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
 
@@ -143,19 +146,10 @@ def build_kind(raw: RawKind) -> KindSpec:
     rule = _enum(raw, "rule", KindRule, None)
     verbs = _verbs(raw.keys["verbs"])
     subresources = frozenset(_strings(raw, "subresources"))
-    if rule is KindRule.ALLOCATED_TO_DRIVER:
-        _check_allocated(raw, verbs, subresources)
-    if rule is KindRule.OWN_NODE:
-        _check_own_node(raw, verbs, subresources)
+    _check_rule(raw, rule, verbs, subresources)
     separators = _pool_separators(raw)
-    parse_version = version_parser(rule, separators)
-    parsed: dict[int, VersionSpec] = {}
-    versions: dict[str, VersionSpec] = {}
-    for name, rules in raw.versions.items():
-        # Names listed together share one rule set: read (and report) it once.
-        if id(rules) not in parsed:
-            parsed[id(rules)] = parse_version(rules.ctx, rules.key, rules.value)
-        versions[name] = parsed[id(rules)]
+    versions = _versions(raw, rule, separators)
+    _check_versions(raw, rule, verbs, versions)
     confirmed = _check_apiserver_immutable(raw, versions)
     kind = raw.keys["kind"]
     return KindSpec(
@@ -245,24 +239,83 @@ def _encodings(raw: RawKind) -> frozenset[str]:
     return frozenset(values)
 
 
-def _check_not_node_local(
-    raw: RawKind, verbs: frozenset[str], rule: str, allowed: frozenset[str]
+def _versions(raw: RawKind, rule: KindRule, separators: tuple[str, ...]) -> dict[str, VersionSpec]:
+    """Each version's rules: the structural keys of its rule, then its CEL after the kind's."""
+    parse_version = version_parser(rule, separators)
+    kind_cel = read_kind_cel(raw.keys, raw.qualified)
+    sharing: dict[int, list[str]] = {}
+    for name, rules in raw.versions.items():
+        sharing.setdefault(id(rules), []).append(name)
+    parsed: dict[int, VersionSpec] = {}
+    versions: dict[str, VersionSpec] = {}
+    for name, rules in raw.versions.items():
+        # Names listed together share one rule set: read (and report) it once.
+        if id(rules) not in parsed:
+            value = rules.value
+            if isinstance(value, dict):
+                value = {key: item for key, item in value.items() if key not in CEL_KEYS}
+            spec = parse_version(rules.ctx, rules.key, value)
+            what = f"{raw.qualified} {', '.join(sharing[id(rules)])}"
+            cel = read_version_cel(rules, kind_cel, what, scope_required=rule is KindRule.CEL)
+            parsed[id(rules)] = replace(spec, cel=cel)
+        versions[name] = parsed[id(rules)]
+    return versions
+
+
+def _check_rule(
+    raw: RawKind, rule: KindRule, verbs: frozenset[str], subresources: frozenset[str]
 ) -> None:
-    """What a rule other than NodeLocal refuses: the keys only NodeLocal reads, and verbs
-    beyond ``allowed``."""
+    """What each rule cannot mean: keys only other rules read, verbs it cannot decide."""
     for name in _NODE_LOCAL_ONLY:
-        if name in raw.keys:
-            raw.keys[name].fail(f"is not used by rule {rule}")
+        if name in raw.keys and name not in _RULE_KEYS.get(rule, set()):
+            raw.keys[name].fail(f"is not used by rule {rule.value}")
+    allowed = RULE_VERBS[rule]
     if extra := verbs - allowed:
         raw.keys["verbs"].fail(
-            f"rule {rule} allows only {', '.join(sorted(allowed))}, not {', '.join(sorted(extra))}"
+            f"rule {rule.value} allows only {', '.join(sorted(allowed))}, not "
+            f"{', '.join(sorted(extra))}"
         )
+    if rule is KindRule.ALLOCATED_TO_DRIVER:
+        _check_allocated(raw, verbs, subresources)
+    elif rule in (KindRule.OWN_NODE, KindRule.OWN_POD):
+        _check_own_object(raw, rule, subresources)
+    elif rule is KindRule.DRIVER_NAMESPACE and raw.keys["scope"].value != Scope.NAMESPACED.value:
+        raw.keys["scope"].fail("rule DriverNamespace is for namespaced kinds")
+    elif rule is KindRule.DRIVER_CREDENTIALS:
+        for name in KIND_CEL_KEYS & set(raw.keys):
+            raw.keys[name].fail(
+                "is not used by rule DriverCredentials: the apiserver decides with the driver's "
+                "own RBAC"
+            )
+
+
+def _check_versions(
+    raw: RawKind, rule: KindRule, verbs: frozenset[str], versions: dict[str, VersionSpec]
+) -> None:
+    """What a rule needs of every version: a way to change an own object, CEL only where the
+    gatekeeper decides, no deletecollection where each object would need its CEL."""
+    for name, spec in versions.items():
+        rules = raw.versions[name]
+        if rule is KindRule.DRIVER_CREDENTIALS and spec.cel:
+            rules.fail("rule DriverCredentials takes no CEL: the apiserver decides")
+        if "deletecollection" in verbs and spec.cel:
+            raw.keys["verbs"].fail(
+                f"deletecollection cannot be allowed on {raw.qualified} {name}: its CEL would "
+                "have to hold for every object deleted, which the gatekeeper does not read"
+            )
+        writes = ", ".join(sorted(verbs & {"update", "patch"}))
+        own = rule in (KindRule.OWN_NODE, KindRule.OWN_POD)
+        if own and writes and not spec.may_change:
+            rules.fail(
+                f"lists no mayChange, but verbs allow {writes}: name what a write may change "
+                "(e.g. {path: metadata.labels, keys: [example.com/*]}), or drop update and patch",
+                "mayChange",
+            )
 
 
 def _check_allocated(raw: RawKind, verbs: frozenset[str], subresources: frozenset[str]) -> None:
     """What rule AllocatedToDriver cannot mean: creating or deleting objects allocated by
     someone else, or writing anything but their status."""
-    _check_not_node_local(raw, verbs, "AllocatedToDriver", ALLOCATED_VERBS)
     if subresources - {"status"}:
         raw.keys["subresources"].fail("rule AllocatedToDriver allows only [status]")
     if verbs & {"update", "patch"} and "status" not in subresources:
@@ -279,13 +332,15 @@ def _check_allocated(raw: RawKind, verbs: frozenset[str], subresources: frozense
         )
 
 
-def _check_own_node(raw: RawKind, verbs: frozenset[str], subresources: frozenset[str]) -> None:
-    """Rule OwnNode reads one cluster-scoped object, the one named after this node."""
-    _check_not_node_local(raw, verbs, "OwnNode", OWN_NODE_VERBS)
+def _check_own_object(raw: RawKind, rule: KindRule, subresources: frozenset[str]) -> None:
+    """Rule OwnNode names one cluster-scoped object, the one named after this node; OwnPod one
+    namespaced object, the caller's pod."""
     if subresources:
-        raw.keys["subresources"].fail("rule OwnNode allows no subresources")
-    if raw.keys["scope"].value != Scope.CLUSTER.value:
-        raw.keys["scope"].fail("rule OwnNode names a cluster-scoped object")
+        raw.keys["subresources"].fail(f"rule {rule.value} allows no subresources")
+    scope = Scope.CLUSTER if rule is KindRule.OWN_NODE else Scope.NAMESPACED
+    if raw.keys["scope"].value != scope.value:
+        what = "a cluster-scoped" if scope is Scope.CLUSTER else "a namespaced"
+        raw.keys["scope"].fail(f"rule {rule.value} names {what} object")
 
 
 def _check_apiserver_immutable(raw: RawKind, versions: dict[str, VersionSpec]) -> bool:

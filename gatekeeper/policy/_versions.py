@@ -18,6 +18,7 @@ from gatekeeper.policy._context import Context, Located, join_key, parse_enum
 from gatekeeper.policy.model import (
     STRICT_POOL_SEPARATORS,
     AllocationPaths,
+    Changeable,
     Field,
     KindRule,
     VersionSpec,
@@ -97,14 +98,72 @@ def version_parser(
     """How one version of a kind under ``rule`` is read."""
     if rule is KindRule.ALLOCATED_TO_DRIVER:
         return _parse_allocation_version
-    if rule is KindRule.OWN_NODE:
-        return _parse_own_node_version
-    return partial(_parse_version, separators=separators)
+    if rule in (KindRule.OWN_NODE, KindRule.OWN_POD):
+        return _parse_own_object_version
+    if rule is KindRule.ON_NODE:
+        return _parse_on_node_version
+    if rule is KindRule.NODE_LOCAL:
+        return partial(_parse_version, separators=separators)
+    return _parse_empty_version
 
 
-def _parse_own_node_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
+def _parse_empty_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
+    """A version whose rule needs no paths (DriverNamespace, CEL, DriverCredentials)."""
     ctx.mapping({} if raw is None else raw, key, set())
     return VersionSpec(paths={}, selectors={})
+
+
+# Paths a mayChange entry may not open: what names the object, and all of its metadata at once.
+_UNCHANGEABLE = {
+    ("metadata",),
+    ("metadata", "name"),
+    ("metadata", "namespace"),
+    ("metadata", "uid"),
+}
+
+
+def _parse_own_object_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
+    """OwnNode, OwnPod: ``mayChange``, what a write may change ([] or absent: read-only)."""
+    spec = ctx.mapping({} if raw is None else raw, key, {"mayChange"})
+    where = join_key(key, "mayChange")
+    entries = spec.get("mayChange", [])
+    if not isinstance(entries, list):
+        ctx.fail(where, "must be a list of {path, keys}")
+    changeable = []
+    for index, entry in enumerate(entries):
+        at = f"{where}[{index}]"
+        item = ctx.mapping(entry, at, {"path", "keys"})
+        if "path" not in item:
+            ctx.fail(join_key(at, "path"), "is required (the JSON path that may change)")
+        path = ctx.path(item["path"], join_key(at, "path"))
+        if path in _UNCHANGEABLE:
+            ctx.fail(join_key(at, "path"), f"{'.'.join(path)} cannot be opened to changes")
+        keys = tuple(ctx.string_list(item.get("keys", []), join_key(at, "keys")))
+        for position, pattern in enumerate(keys):
+            if not pattern or "*" in pattern[:-1]:
+                ctx.fail(
+                    f"{join_key(at, 'keys')}[{position}]",
+                    f"{pattern!r}: a key, or a prefix ending in * (only at the end)",
+                )
+        if "keys" in item and not keys:
+            ctx.fail(join_key(at, "keys"), "must list at least one key (or leave keys out)")
+        changeable.append(Changeable(path, keys))
+    return VersionSpec(paths={}, selectors={}, may_change=tuple(changeable))
+
+
+def _parse_on_node_version(ctx: Context, key: str, raw: Any) -> VersionSpec:
+    """OnNode: where the object names its node, and the field selector that pins it."""
+    spec = ctx.mapping(raw, key, {"node", "fieldSelectors"})
+    if "node" not in spec:
+        ctx.fail(join_key(key, "node"), "is required (the JSON path of the object's node)")
+    node = ctx.path(spec["node"], join_key(key, "node"))
+    selectors = ctx.mapping(
+        spec.get("fieldSelectors", {}), join_key(key, "fieldSelectors"), {"node"}
+    )
+    selector = ctx.string(
+        selectors.get("node", ".".join(node)), join_key(key, "fieldSelectors.node")
+    )
+    return VersionSpec(paths={Field.NODE: node}, selectors={Field.NODE: selector})
 
 
 def _parse_allocation_version(ctx: Context, key: str, raw: Any) -> VersionSpec:

@@ -14,11 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, is_field_name
-from gatekeeper.policy.decision import Decision, allow, deny, forbid, not_found
-from gatekeeper.policy.integrity import body_shape, patch_result, pinned_update
-from gatekeeper.policy.model import AllocationPaths, KindSpec
+from gatekeeper.policy.model import AllocationPaths
 from gatekeeper.policy.nodeselector import selects_node
-from gatekeeper.policy.plan import Preview
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
@@ -27,7 +24,6 @@ __all__ = [
     "OUT_OF_SCOPE",
     "STATUS",
     "AllocationScope",
-    "decide_allocated",
     "first_difference",
     "request_refusal",
     "same_instant",
@@ -69,6 +65,17 @@ class AllocationScope:
     node_name: str
     node_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
+    hidden: bool = field(default=True, init=False)
+    """An object out of scope reads as absent (DESIGN §4.3)."""
+
+    def stored(self, obj: KubeObject) -> str | None:
+        return None if self(obj) else OUT_OF_SCOPE
+
+    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+        if old is None:
+            return "objects allocated to drivers are created by others"
+        return status_change_violation(self.paths, old, obj, self.driver)
+
     def __call__(self, obj: Any) -> bool:
         if not isinstance(obj, dict):
             return False
@@ -94,74 +101,6 @@ def request_refusal(info: RequestInfo) -> str | None:
             f"(.../{STATUS})"
         )
     return f"{info.verb} is not allowed: objects allocated to drivers are managed by others"
-
-
-def decide_allocated(
-    scope: AllocationScope,
-    info: RequestInfo,
-    kind: KindSpec,
-    body: Any,
-    current: KubeObject | None,
-    *,
-    media_type: str,
-    proposed: Preview | None,
-) -> Decision:
-    """Decide a request :func:`request_refusal` let through, for the caller ``scope.driver``;
-    ``proposed`` is a patch's preview with the upstream's answer, if there was one."""
-    if info.verb in ("list", "watch"):
-        if info.query_value("continue") is not None:
-            return deny(400, CONTINUE_REFUSED, f"continue is not accepted for {kind.qualified}: "
-                        f"{CONTINUE_REFUSED}; list again without continue")  # fmt: skip
-        # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
-        # passed on (the proxy pages the upstream itself and hands out no continue token).
-        target = info.with_query("limit", None)
-        return allow(
-            "objects are filtered to the driver's allocations on this node", target, filter=scope
-        )
-    if current is None:
-        return not_found(info, kind.qualified)
-    if not scope(current):
-        # SECURITY: DESIGN §4.3 — an object out of scope answers as absent (the same Status),
-        # so that a driver cannot learn which other claims exist.
-        return not_found(info, kind.qualified, OUT_OF_SCOPE)
-    if info.verb == "get":
-        return allow("allocated to the driver on this node", info, filter=scope)
-    if info.verb == "update":
-        return _update_status(scope, info, kind, body, current)
-    if info.verb == "patch":
-        return _patch_status(scope, info, kind, body, current, media_type, proposed)
-    return forbid(scope.driver, info, request_refusal(info) or f"{info.verb} is not allowed")
-
-
-def _update_status(
-    scope: AllocationScope, info: RequestInfo, kind: KindSpec, body: Any, current: KubeObject
-) -> Decision:
-    if refusal := body_shape(info, kind, body):
-        return refusal
-    pinned = pinned_update(info, kind, body, current)
-    if isinstance(pinned, Decision):
-        return pinned
-    if problem := status_change_violation(scope.paths, current, pinned, scope.driver):
-        return forbid(scope.driver, info, problem)
-    return allow("only the driver's own status entries change", info, pinned)
-
-
-def _patch_status(
-    scope: AllocationScope,
-    info: RequestInfo,
-    kind: KindSpec,
-    patch: Any,
-    current: KubeObject,
-    media_type: str,
-    proposed: Preview | None,
-) -> Decision:
-    prepared = patch_result(info, kind, patch, current, media_type, proposed)
-    if isinstance(prepared, Decision):
-        return prepared
-    result, pinned = prepared
-    if problem := status_change_violation(scope.paths, current, result, scope.driver):
-        return forbid(scope.driver, info, f"after the patch, {problem}")
-    return allow("only the driver's own status entries change", info, pinned, media_type)
 
 
 def status_change_violation(

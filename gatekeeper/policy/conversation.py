@@ -73,13 +73,15 @@ def conversation(
     ``plain_json``: the driver accepts the plain JSON object the gatekeeper reads (its
     ``Accept`` header, :func:`~gatekeeper.request.headers.accepts_plain_json`), so a get may be
     answered from that read."""
-    screened = engine.plan(identity, info, _JSON, plain_json=plain_json)
+    screened = engine.screen(identity, info, plain_json=plain_json)
     if isinstance(screened, Decision) and not screened.allowed:
         return screened
     read = yield BODY
     assert isinstance(read, tuple)
     media_type, body = read
-    plan = engine.plan(identity, info, media_type, plain_json=plain_json)
+    if isinstance(screened, Decision):
+        return screened
+    plan = engine.accept(screened, media_type)
     if isinstance(plan, Decision):
         return plan
     current: KubeObject | None = None

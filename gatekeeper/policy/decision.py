@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gatekeeper.policy.model import Credentials
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
@@ -56,6 +57,11 @@ class Decision:
     """Seconds a refused client should wait (``Retry-After``, ``details.retryAfterSeconds``)."""
     response: KubeObject | None = None
     """The apiserver's own Status, answered as is (a patch preview it rejected)."""
+    validation: str = ""
+    """The policy's CEL validation that refused (its name, ``scope``, ``variables.<name>``);
+    empty when none did."""
+    credentials: Credentials = Credentials.GATEKEEPER
+    """Whose credentials the forwarded request carries (rule DriverCredentials: the driver's)."""
 
     @property
     def forwards(self) -> bool:

@@ -9,7 +9,6 @@ pin is a wire-format edit of meta/v1 ObjectMeta (:mod:`gatekeeper.codec.kubeprot
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +20,13 @@ from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.request.encoded import PROTOBUF, EncodedBody, encoding_name
 from gatekeeper.types import KubeObject
 
-__all__ = ["DECODED_BY_UPSTREAM", "decide_encoded", "encoded_preview", "unaccepted_encoding"]
+__all__ = [
+    "DECODED_BY_UPSTREAM",
+    "encoded_decision",
+    "encoded_json",
+    "encoded_preview",
+    "unaccepted_encoding",
+]
 
 DECODED_BY_UPSTREAM = "the apiserver decoded the request body in a dry run"
 """Audit annotation value: the request object recorded is the apiserver's decoding."""
@@ -72,23 +77,19 @@ def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -
     return Preview(plan.info, raw, body.media_type)
 
 
-def decide_encoded(
-    decide_json: Callable[[Plan, Any, KubeObject | None], Decision],
-    plan: Plan,
-    body: EncodedBody,
-    current: KubeObject | None,
-    proposed: Preview | None,
-) -> Decision:
-    """The decision on ``body``: the JSON decision on the apiserver's decoding of it, with the
-    driver's (pinned) bytes as what is forwarded. ``decide_json`` is the engine's JSON path."""
+def encoded_json(
+    plan: Plan, body: EncodedBody, current: KubeObject | None, proposed: Preview | None
+) -> Decision | KubeObject | None:
+    """What the engine decides on for ``body``: the apiserver's decoding of it (its dry run's
+    answer, with the resourceVersion the driver sent); None when the stored object decides
+    alone (an update of an object that is absent or not the caller's: nothing was asked); or the
+    refusal the encoded body gets on its own."""
     info, kind = plan.info, plan.kind
-    json_plan = replace(plan, media_type=_JSON)
     if mismatch := _envelope_mismatch(plan, body):
         return deny(400, mismatch)
     if info.verb == "update":
         if current is None or not plan.owns(current):
-            # The stored object decides (404, or "the stored object's …"): nothing was asked.
-            return decide_json(json_plan, None, current)
+            return None
         stored = stored_resource_version(current)
         if conflict := stale_conflict(info, kind, body.resource_version, stored):
             return conflict
@@ -106,14 +107,25 @@ def decide_encoded(
     decoded = _as_sent(proposed.result, body)
     if (problem := _generated_pool(plan, decoded)) is not None:
         return forbid(plan.driver, info, problem)
-    decision = decide_json(json_plan, decoded, current)
+    return decoded
+
+
+def encoded_decision(
+    plan: Plan,
+    body: EncodedBody,
+    decoded: KubeObject,
+    decision: Decision,
+    proposed: Preview | None,
+) -> Decision:
+    """The engine's ``decision`` on ``decoded`` with the driver's (pinned) bytes as what is
+    forwarded; refused when deciding changed the object (``fill``), which bytes cannot carry."""
     if not decision.forwards:
         return decision
+    assert proposed is not None
     if _without_version(decision.body) != _without_version(decoded):
-        # The JSON path changed the object (``fill``): the driver's bytes cannot carry that.
         return forbid(
             plan.driver,
-            info,
+            plan.info,
             f"the object must name its driver, node and pool itself: fields are filled only in "
             f"JSON bodies, not in {encoding_name(body.media_type)}",
         )

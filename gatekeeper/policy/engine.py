@@ -1,9 +1,11 @@
-"""The pure decision engine, as one sans-I/O conversation: plan, then decide.
+"""The pure decision engine, as one sans-I/O conversation: screen, accept the body, decide.
 
-:meth:`Engine.plan` screens the request and says what to read (a :class:`Plan`) or settles it (a
-:class:`Decision`); the caller reads the stored object and the patch preview, then
+:meth:`Engine.screen` applies the request-level rules once and says what to read (a
+:class:`Plan`) or settles the request (a :class:`Decision`); :meth:`Engine.accept` checks the
+body's encoding; the caller reads the stored object and the patch preview, then
 :meth:`Engine.decide` gives the one Decision. No I/O, no clock, no logging: the proxy,
-``dra-gatekeeper test`` and ``audit check`` drive exactly this pair.
+``dra-gatekeeper test`` and ``audit check`` drive exactly these calls
+(:mod:`gatekeeper.policy.conversation`).
 """
 
 from __future__ import annotations
@@ -12,19 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.codec.selectors import FieldRequirement, format_field_selector, parse_field_selector
-from gatekeeper.policy.claims import AllocationScope, decide_allocated, request_refusal
-from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
-from gatekeeper.policy.encoded import decide_encoded, unaccepted_encoding
-from gatekeeper.policy.integrity import (
-    body_shape,
-    checked_delete_options,
-    patch_result,
-    pin_delete,
-    pinned_update,
-)
+from gatekeeper.policy.admission import CelContext
+from gatekeeper.policy.claims import CONTINUE_REFUSED, AllocationScope, request_refusal
+from gatekeeper.policy.decision import Decision, allow, deny, forbid
+from gatekeeper.policy.encoded import encoded_decision, encoded_json, unaccepted_encoding
+from gatekeeper.policy.integrity import checked_delete_options
 from gatekeeper.policy.model import (
+    Credentials,
     Field,
     KindRule,
     KindSpec,
@@ -34,31 +31,32 @@ from gatekeeper.policy.model import (
     VersionSpec,
 )
 from gatekeeper.policy.nodeselector import node_labels_with_hostname
-from gatekeeper.policy.ownership import (
-    collection_pool_violation,
-    fill_missing,
-    ownership_violation,
+from gatekeeper.policy.objects import ANSWERED_FROM_READ, decide_object
+from gatekeeper.policy.owners import (
+    CelOwner,
+    NamespaceOwner,
+    NodeLocalOwner,
+    OnNodeOwner,
+    OwnObjectOwner,
 )
-from gatekeeper.policy.ownnode import decide_own_node
-from gatekeeper.policy.patching import APPLY
-from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.ownership import collection_pool_violation
+from gatekeeper.policy.plan import Ownership, Plan, Preview
 from gatekeeper.request.encoded import EncodedBody
 from gatekeeper.request.requestinfo import RequestInfo
-from gatekeeper.status import status_body
 from gatekeeper.types import Identity, KubeObject
 
 __all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
 
 METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
 """The apiserver's 405 message (recording 199: POST to a named path)."""
-ANSWERED_FROM_READ = "stored object belongs to the driver on this node; answered from that read"
-"""The reason of a plain-JSON get answered with the object the decision was made on."""
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
 _OBJECT_VERBS = frozenset({"get", "update", "patch", "delete"})
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _OPEN_PATHS = frozenset({"/api", "/api/v1", "/apis", "/version", "/openapi/v2", "/openapi/v3"})
+# Rules whose objects are named by the request alone: a get reads nothing first.
+_NAMED = frozenset({KindRule.OWN_NODE, KindRule.OWN_POD})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +79,13 @@ class Engine:
         *,
         plain_json: bool = False,
     ) -> Plan | Decision:
+        """:meth:`screen` then :meth:`accept`: the whole request-level verdict in one call."""
+        screened = self.screen(identity, info, plain_json=plain_json)
+        return screened if isinstance(screened, Decision) else self.accept(screened, media_type)
+
+    def screen(
+        self, identity: Identity, info: RequestInfo, *, plain_json: bool = False
+    ) -> Plan | Decision:
         """The request-level rules, once: a final Decision when they settle the request (refused,
         or a non-resource path), else the :class:`Plan` of what to read before :meth:`decide`.
 
@@ -93,28 +98,36 @@ class Engine:
         if isinstance(screened, Decision):
             return screened
         kind, version = screened
-        if unaccepted := unaccepted_encoding(kind, media_type):
-            return unaccepted
-        if kind.rule is KindRule.OWN_NODE:
-            # The node's own object: decided on the request alone, nothing to read first.
-            return decide_own_node(identity.driver, info, kind, self.node_name)
-        scope = None
-        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
-            scope = self._scope(identity.driver, version)
+        context = CelContext(identity, info, kind, self.policy, self.node_name)
+        owner = self._owner(identity, info, kind, version, context)
+        if isinstance(owner, Decision):
+            return owner
         fetch = None
-        if info.verb in _OBJECT_VERBS:
+        named_get = kind.rule in _NAMED and info.verb == "get"
+        if (
+            info.verb in _OBJECT_VERBS
+            and not named_get
+            and kind.rule is not KindRule.DRIVER_CREDENTIALS
+        ):
             fetch = info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
         return Plan(
             identity,
             info,
-            media_type,
+            _JSON,
             kind,
             version,
             self.node_name,
             fetch,
-            scope,
+            owner,
+            context,
             answer_from_fetch=plain_json and _answerable_get(info),
         )
+
+    def accept(self, plan: Plan, media_type: str) -> Plan | Decision:
+        """``plan`` for a body of ``media_type``; 415 when the kind does not accept it."""
+        if unaccepted := unaccepted_encoding(plan.kind, media_type):
+            return unaccepted
+        return replace(plan, media_type=media_type)
 
     def decide(
         self,
@@ -130,55 +143,40 @@ class Engine:
         apply patch, or of a body only the apiserver decodes, with the upstream's answer
         (without one, a patch's result is approximated by a merge patch).
         """
-        if isinstance(body, EncodedBody):
-            return decide_encoded(self.decide, plan, body, current, proposed)
-        info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
-        media_type = plan.media_type
-        if kind.rule is KindRule.ALLOCATED_TO_DRIVER:
-            scope = self._scope(driver, version)
-            return decide_allocated(
-                scope, info, kind, body, current, media_type=media_type, proposed=proposed
-            )
+        if plan.kind.rule is KindRule.DRIVER_CREDENTIALS:
+            raw = body.raw if isinstance(body, EncodedBody) else body
+            decision = allow("forwarded under the driver's own credentials", plan.info, raw)
+            return replace(decision, media_type=plan.media_type, credentials=Credentials.DRIVER)
+        if not isinstance(body, EncodedBody):
+            return self._decide_json(plan, body, current, proposed)
+        # A body only the apiserver decodes: decided as the JSON of its dry run, then
+        # forwarded as the driver's own bytes (DESIGN §4.4).
+        decoded = encoded_json(plan, body, current, proposed)
+        if isinstance(decoded, Decision):
+            return decoded
+        json_plan = replace(plan, media_type=_JSON)
+        decision = self._decide_json(json_plan, decoded, current, None)
+        if decoded is None:
+            return decision
+        return encoded_decision(plan, body, decoded, decision, proposed)
+
+    def _decide_json(
+        self, plan: Plan, body: Any, current: KubeObject | None, proposed: Preview | None
+    ) -> Decision:
+        info = plan.info
         if info.verb == "deletecollection" and body is not None:
             # The client's DeleteOptions (dry run, preconditions, propagation) go upstream as
             # sent, once known to be DeleteOptions (recordings 163-166).
-            options = checked_delete_options(info, kind, body)
+            options = checked_delete_options(info, plan.kind, body)
             if isinstance(options, Decision):
                 return options
-            pinned = self._pin_selector(driver, info, kind, version)
+            pinned = self._collection(plan)
             return replace(pinned, body=options) if pinned.forwards else pinned
         if info.verb in _COLLECTION_VERBS:
-            return self._pin_selector(driver, info, kind, version)
-        if info.verb == "create":
-            return self._write(driver, info, kind, version, body, current=None)
-        if current is None and info.verb == "patch" and media_type == APPLY:
-            return self._apply_create(driver, info, kind, version, body)
-        if current is None:
-            return not_found(info, kind.qualified)
-        return self._decide_stored(plan, body, current, proposed)
-
-    def _decide_stored(
-        self, plan: Plan, body: Any, current: KubeObject, proposed: Preview | None
-    ) -> Decision:
-        """A request on a stored object: the caller's on this node, then its verb's rule."""
-        info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
-        if problem := ownership_violation(version, current, driver, self.node_name, stored=True):
-            return forbid(driver, info, problem)
-        if info.verb == "get" and plan.answer_from_fetch:
-            # The object checked is the answer: a second read could return another object
-            # (deleted and re-created by someone else in between) unchecked.
-            return answered(ANSWERED_FROM_READ, 200, current)
-        if info.verb == "get":
-            return allow("stored object belongs to the driver on this node", info)
-        if info.verb == "update":
-            return self._write(driver, info, kind, version, body, current=current)
-        if info.verb == "delete":
-            return pin_delete(info, kind, body, current)
-        if info.verb == "patch":
-            return self._patch(plan, body, current, proposed)
-        return forbid(
-            driver, info, f"{info.verb} is not supported by the gatekeeper for {kind.qualified}"
-        )
+            return self._collection(plan)
+        if plan.kind.rule in _NAMED and info.verb == "get":
+            return allow(f"the caller's own {plan.kind.kind}, read-only", info)
+        return decide_object(plan, body, current, proposed)
 
     def _screen(
         self, identity: Identity, info: RequestInfo
@@ -204,6 +202,97 @@ class Engine:
                 driver, info, f"version {info.api_version} of {kind.qualified} is not in the policy"
             )
         return self._shape(driver, info, kind) or (kind, version)
+
+    def _owner(
+        self,
+        identity: Identity,
+        info: RequestInfo,
+        kind: KindSpec,
+        version: VersionSpec,
+        context: CelContext,
+    ) -> Ownership | Decision:
+        """The rule's ownership of objects for this caller, or the refusal of a request the rule
+        settles on what it names (another node's Node, another pod, another namespace)."""
+        driver, rule = identity.driver, kind.rule
+        if rule is KindRule.NODE_LOCAL:
+            return NodeLocalOwner(version, driver, self.node_name)
+        if rule is KindRule.ALLOCATED_TO_DRIVER:
+            assert version.allocation is not None  # the loader sets it for this rule
+            labels = node_labels_with_hostname(self.node_name, self.node_labels)
+            return AllocationScope(version.allocation, driver, self.node_name, labels)
+        if rule is KindRule.ON_NODE:
+            return OnNodeOwner(version.paths[Field.NODE], self.node_name)
+        if rule is KindRule.OWN_NODE:
+            if info.name != self.node_name:
+                # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list
+                # or watch (which would show every node), no subresource.
+                return forbid(
+                    driver,
+                    info,
+                    f'a driver may only get this node\'s own {kind.kind} "{self.node_name}" '
+                    f"({kind.qualified}/{self.node_name})",
+                )
+            return OwnObjectOwner(version.may_change)
+        if rule is KindRule.OWN_POD:
+            return self._own_pod(identity, info, kind, version)
+        if rule is KindRule.DRIVER_NAMESPACE:
+            return self._in_namespace(identity, info, kind)
+        if rule is KindRule.CEL:
+            return CelOwner(version.cel, context, info.verb)
+        assert rule is KindRule.DRIVER_CREDENTIALS
+        if identity.user is None:
+            return forbid(
+                driver,
+                info,
+                f"{kind.qualified} is forwarded under the driver's own credentials, and a driver "
+                f"connected by {identity.transport} shows none: connect with its ServiceAccount "
+                "token (the token listener)",
+            )
+        return NamespaceOwner()
+
+    def _own_pod(
+        self, identity: Identity, info: RequestInfo, kind: KindSpec, version: VersionSpec
+    ) -> Ownership | Decision:
+        pod, account = identity.pod, identity.service_account
+        if pod is None or account is None:
+            return forbid(
+                identity.driver,
+                info,
+                f"the caller's own {kind.kind} is known only from a pod-bound ServiceAccount token "
+                "(the token listener)",
+            )
+        if (info.namespace, info.name) != (account[0], pod[0]):
+            return forbid(
+                identity.driver,
+                info,
+                f'a driver may only reach its own {kind.kind} "{account[0]}/{pod[0]}" (the pod '
+                "its token is bound to)",
+            )
+        return OwnObjectOwner(version.may_change, pod_uid=pod[1])
+
+    def _in_namespace(
+        self, identity: Identity, info: RequestInfo, kind: KindSpec
+    ) -> Ownership | Decision:
+        account = identity.service_account
+        namespaces = (
+            frozenset({account[0]}) if account else self.policy.namespaces_of(identity.driver)
+        )
+        if not namespaces:
+            return forbid(
+                identity.driver,
+                info,
+                f'driver "{identity.driver}" has no namespace: map its ServiceAccount under '
+                "serviceAccounts in the policy",
+            )
+        if info.namespace not in namespaces:
+            where = f'namespace "{info.namespace}"' if info.namespace else "all namespaces"
+            return forbid(
+                identity.driver,
+                info,
+                f"{kind.qualified} is allowed only in the driver's own namespace "
+                f"({', '.join(sorted(namespaces))}), not in {where}",
+            )
+        return NamespaceOwner()
 
     def _non_resource(self, driver: str, info: RequestInfo) -> Decision:
         if info.method in _READ_METHODS and self._open_path(info.path):
@@ -244,19 +333,40 @@ class Engine:
             return forbid(driver, info, why)
         if info.verb == "create" and info.name and not info.subresource:
             # A POST to a named path: the apiserver routes no create there (recording 199).
-            refusal = deny(405, f"{info.method} to a named {kind.qualified} path")
-            status = {**status_body(405, METHOD_NOT_ALLOWED), "details": {}, "code": 405}
-            return replace(refusal, message=METHOD_NOT_ALLOWED, response=status)
+            return replace(
+                deny(405, f"{info.method} to a named {kind.qualified} path"),
+                message=METHOD_NOT_ALLOWED,
+                details={},
+            )
         return None
 
-    def _scope(self, driver: str, version: VersionSpec) -> AllocationScope:
-        assert version.allocation is not None  # the loader sets it for this rule
-        labels = node_labels_with_hostname(self.node_name, self.node_labels)
-        return AllocationScope(version.allocation, driver, self.node_name, labels)
+    def _collection(self, plan: Plan) -> Decision:
+        """list, watch, deletecollection: pinned by field selector, filtered object by object,
+        or (rule DriverNamespace) bounded by the path's namespace."""
+        info, kind, owner = plan.info, plan.kind, plan.owner
+        if owner.hidden:
+            if info.query_value("continue") is not None:
+                message = (
+                    f"continue is not accepted for {kind.qualified}: {CONTINUE_REFUSED}; list "
+                    "again without continue"
+                )
+                return deny(400, CONTINUE_REFUSED, message)
+            # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
+            # passed on (the proxy pages the upstream itself and hands out no continue token).
+            target = info.with_query("limit", None)
+            assert callable(owner)
+            return allow(
+                "objects are filtered to the driver's own, object by object", target, filter=owner
+            )
+        if kind.rule is KindRule.DRIVER_NAMESPACE:
+            return allow("objects in the driver's namespace", info)
+        wanted = {plan.version.selectors[Field.NODE]: self.node_name}
+        if kind.rule is KindRule.NODE_LOCAL:
+            wanted = {plan.version.selectors[Field.DRIVER]: plan.driver, **wanted}
+        return self._pin_selector(plan, wanted)
 
-    def _pin_selector(
-        self, driver: str, info: RequestInfo, kind: KindSpec, version: VersionSpec
-    ) -> Decision:
+    def _pin_selector(self, plan: Plan, wanted: Mapping[str, str]) -> Decision:
+        info, kind, version, driver = plan.info, plan.kind, plan.version, plan.driver
         try:
             terms = parse_field_selector(info.query_value("fieldSelector") or "")
         except ValueError as exc:
@@ -265,10 +375,6 @@ class Engine:
             problem := collection_pool_violation(version, terms, self.node_name)
         ):
             return forbid(driver, info, problem)
-        wanted = {
-            version.selectors[Field.DRIVER]: driver,
-            version.selectors[Field.NODE]: self.node_name,
-        }
         missing: list[FieldRequirement] = []
         for key, want in wanted.items():
             pinned = [t.value for t in terms if t.field == key and t.operator == "="]
@@ -277,8 +383,9 @@ class Engine:
                 return forbid(driver, info, f'fieldSelector pins {key}="{other}", not "{want}"')
             if not pinned:
                 missing.append(FieldRequirement(key, "=", want))
+        what = "the driver and this node" if len(wanted) > 1 else "this node"
         if not missing:
-            return allow("field selector pins the driver and this node", info)
+            return allow(f"field selector pins {what}", info)
         if kind.list_selector is ListSelectorMode.INJECT:
             selector = format_field_selector((*terms, *missing))
             return allow(
@@ -291,68 +398,6 @@ class Engine:
             f"{info.verb} requires fieldSelector {needed} "
             f"(missing {format_field_selector(missing)})",
         )
-
-    def _patch(
-        self, plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None
-    ) -> Decision:
-        info, kind, driver = plan.info, plan.kind, plan.driver
-        prepared = patch_result(info, kind, patch, current, plan.media_type, proposed)
-        if isinstance(prepared, Decision):
-            return prepared
-        result, pinned = prepared
-        if problem := ownership_violation(plan.version, result, driver, self.node_name):
-            return forbid(driver, info, f"after the patch, {problem}")
-        return allow(
-            "patched object belongs to the driver on this node", info, pinned, plan.media_type
-        )
-
-    def _apply_create(
-        self, driver: str, info: RequestInfo, kind: KindSpec, version: VersionSpec, body: Any
-    ) -> Decision:
-        # SECURITY: DESIGN §4.4 — the apiserver ignores a resourceVersion precondition when an
-        # apply creates, so an apply could land on an object created after our check. Forwarding
-        # it as a create (POST) makes that race fail with 409 AlreadyExists instead.
-        decision = self._write(driver, info, kind, version, body, current=None)
-        if not decision.allowed:
-            return decision
-        if version.owner_fields_immutable:
-            # ... unless the apiserver itself refuses to change driver, node and pool of an
-            # existing object (policy ``immutable``; recordings 171-173): then an apply landing
-            # on an object created in between fails there (409 conflict or 422 immutable), and
-            # forwarding the apply keeps its field ownership (Apply, not Update), so the next
-            # apply with changed values succeeds, as it would without the gatekeeper.
-            return allow(
-                "applied object is created for the driver on this node",
-                info,
-                decision.body,
-                APPLY,
-            )
-        target = info.as_create()
-        return allow("applied object is created for the driver on this node", target, decision.body)
-
-    def _write(
-        self,
-        driver: str,
-        info: RequestInfo,
-        kind: KindSpec,
-        version: VersionSpec,
-        body: KubeObject | None,
-        *,
-        current: KubeObject | None,
-    ) -> Decision:
-        if refusal := body_shape(info, kind, body):
-            return refusal
-        assert body is not None
-        body = fill_missing(kind, version, body, driver, self.node_name)
-        name = get_field(body, ("metadata", "name")) or None
-        if problem := ownership_violation(version, body, driver, self.node_name):
-            return forbid(driver, info, problem, name=name if isinstance(name, str) else None)
-        if current is not None:
-            pinned = pinned_update(info, kind, body, current)
-            if isinstance(pinned, Decision):
-                return pinned
-            body = pinned
-        return allow("object belongs to the driver on this node", info, body)
 
 
 _ANSWERABLE_QUERY = frozenset({"resourceVersion"})

@@ -144,7 +144,11 @@ def patch_result(
 
 
 def pin_delete(
-    info: RequestInfo, kind: KindSpec, body: KubeObject | None, current: KubeObject
+    info: RequestInfo,
+    kind: KindSpec,
+    body: KubeObject | None,
+    current: KubeObject,
+    reason: str = "stored object belongs to the driver on this node",
 ) -> Decision:
     """Allow the delete with the client's options (:func:`delete_options`) and preconditions on
     ``current``'s uid and resourceVersion; 409 when the client's own preconditions differ."""
@@ -168,7 +172,7 @@ def pin_delete(
         preconditions[key] = stored
     options["preconditions"] = preconditions
     # SECURITY: DESIGN §4.4 — the delete lands only on the object that was checked.
-    return allow("stored object belongs to the driver on this node", info, options)
+    return allow(reason, info, options)
 
 
 DELETE_OPTION_FIELDS = frozenset(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gatekeeper.codec.jsonpath import FieldPath
+from gatekeeper.policy.cel import CelRules
 
 __all__ = [
     "ALLOCATED_VERBS",
@@ -16,8 +17,11 @@ __all__ = [
     "ENCODINGS",
     "OWN_NODE_VERBS",
     "POOL_SEPARATORS",
+    "RULE_VERBS",
     "STRICT_POOL_SEPARATORS",
     "AllocationPaths",
+    "Changeable",
+    "Credentials",
     "Field",
     "KindRule",
     "KindSpec",
@@ -34,8 +38,9 @@ ALL_VERBS = frozenset(
 )
 ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
 """The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
-OWN_NODE_VERBS = frozenset({"get"})
-"""The verbs an OwnNode kind may allow: reading the one object."""
+OWN_NODE_VERBS = frozenset({"get", "update", "patch"})
+"""The verbs an OwnNode or OwnPod kind may allow: reading the one object, and changing what its
+``mayChange`` names."""
 POOL_SEPARATORS = ("/", "-", ".")
 """What a policy may let follow the node name in a pool name (``poolSeparators``)."""
 ENCODINGS = ("json", "protobuf", "cbor")
@@ -93,8 +98,45 @@ class KindRule(enum.Enum):
     NODE_LOCAL = "NodeLocal"
     ALLOCATED_TO_DRIVER = "AllocatedToDriver"
     OWN_NODE = "OwnNode"
-    """The node object of this node itself (core/v1 Node ``<node name>``): get only, nothing
-    else about nodes (the DRA publisher reads its Node for the owner reference of its slices)."""
+    """The node object of this node itself (core/v1 Node ``<node name>``): get, and a write that
+    changes only what ``mayChange`` names (labels under the driver's prefix); nothing else about
+    nodes (the DRA publisher reads its Node for the owner reference of its slices)."""
+    OWN_POD = "OwnPod"
+    """The caller's own pod, named by its ServiceAccount token (pod-name, pod-uid extras): get,
+    and a write that changes only what ``mayChange`` names."""
+    ON_NODE = "OnNode"
+    """Objects placed on this node by a node field (Pods' ``spec.nodeName``): read-only, a list or
+    watch pinned to this node by its field selector."""
+    DRIVER_NAMESPACE = "DriverNamespace"
+    """Objects in the namespace of the caller's ServiceAccount (Events, Leases, Deployments)."""
+    CEL = "CEL"
+    """Objects bound to the caller by the version's CEL ``scope`` alone: reads are filtered by
+    it object by object, a write must be in scope before and after (DeviceTaintRules)."""
+    DRIVER_CREDENTIALS = "DriverCredentials"
+    """Forwarded with the driver's own ServiceAccount token (token listener only): the
+    apiserver's RBAC for the driver decides, as if it had gone direct (its own CRDs)."""
+
+
+RULE_VERBS: Mapping[KindRule, frozenset[str]] = {
+    KindRule.NODE_LOCAL: ALL_VERBS,
+    KindRule.ALLOCATED_TO_DRIVER: ALLOCATED_VERBS,
+    KindRule.OWN_NODE: OWN_NODE_VERBS,
+    KindRule.OWN_POD: OWN_NODE_VERBS,
+    KindRule.ON_NODE: frozenset({"get", "list", "watch"}),
+    KindRule.DRIVER_NAMESPACE: ALL_VERBS,
+    KindRule.CEL: ALL_VERBS - {"deletecollection"},
+    KindRule.DRIVER_CREDENTIALS: ALL_VERBS,
+}
+"""The verbs each rule can decide; a kind's ``verbs`` are a subset."""
+
+
+class Credentials(enum.Enum):
+    """Whose credentials a forwarded request carries upstream."""
+
+    GATEKEEPER = "gatekeeper"
+    """The gatekeeper's own (its kubeconfig or in-cluster ServiceAccount)."""
+    DRIVER = "driver"
+    """The driver's own bearer token, exactly as it sent it (rule DriverCredentials)."""
 
 
 class ListSelectorMode(enum.Enum):
@@ -139,6 +181,21 @@ class AllocationPaths:
 
 
 @dataclass(frozen=True, slots=True)
+class Changeable:
+    """What a write of an OwnNode or OwnPod object may change (``mayChange``): the subtree at
+    ``path``, or with ``keys`` only those keys of the map there (``prefix/*`` patterns)."""
+
+    path: FieldPath
+    keys: tuple[str, ...] = ()
+
+    def allows_key(self, key: str) -> bool:
+        return any(
+            key.startswith(pattern[:-1]) if pattern.endswith("*") else key == pattern
+            for pattern in self.keys
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class VersionSpec:
     """Where one API version keeps the ownership fields, and what it may not carry.
 
@@ -163,6 +220,10 @@ class VersionSpec:
 
     pool_separators: tuple[str, ...] = STRICT_POOL_SEPARATORS
     """What may follow the node name in a pool name (the kind's ``poolSeparators``)."""
+    cel: CelRules = field(default_factory=CelRules)
+    """The CEL variables and validations of the kind and this version, and rule CEL's scope."""
+    may_change: tuple[Changeable, ...] = ()
+    """What a write of an OwnNode or OwnPod object may change; everything else stays as stored."""
 
     @property
     def owner_fields_immutable(self) -> bool:
@@ -228,6 +289,12 @@ class Policy:
 
     def allows_driver(self, driver: str) -> bool:
         return driver in self.drivers or ANY_DRIVER in self.drivers
+
+    def namespaces_of(self, driver: str) -> frozenset[str]:
+        """The namespaces of the ServiceAccounts the policy maps to ``driver``."""
+        return frozenset(
+            user.split(":")[2] for user, mapped in self.service_accounts.items() if mapped == driver
+        )
 
     def with_drivers(self, extra: frozenset[str]) -> Policy:
         return replace(self, drivers=self.drivers | extra)

@@ -8,17 +8,16 @@ that logic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
+from gatekeeper.policy.admission import CelContext
 from gatekeeper.policy.model import KindSpec, VersionSpec
-from gatekeeper.policy.ownership import ownership_violation
 from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["PREVIEWED", "Plan", "Preview"]
+__all__ = ["PREVIEWED", "Ownership", "Plan", "Preview"]
 
 PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
 """Patch types whose result needs schema knowledge: the apiserver computes it (``dryRun=All``)."""
@@ -60,6 +59,21 @@ class Preview:
         return replace(self, code=code, result=result)
 
 
+class Ownership(Protocol):
+    """Whose an object is under a kind's rule, for one caller (:mod:`gatekeeper.policy.owners`,
+    :class:`~gatekeeper.policy.claims.AllocationScope`)."""
+
+    @property
+    def hidden(self) -> bool:
+        """An object that is not the caller's reads as absent (404), not as forbidden (403)."""
+
+    def stored(self, obj: KubeObject) -> str | None:
+        """Why the stored ``obj`` is not the caller's to read or touch; None when it is."""
+
+    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+        """Why ``obj`` may not be stored (over ``old``, when one is); None when it may."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A request that passed the request-level rules; what the engine needs before deciding."""
@@ -73,11 +87,13 @@ class Plan:
     node_name: str
     fetch: str | None
     """The path of the stored object to read first; None when nothing is read."""
-    scope: Callable[[KubeObject], bool] | None = None
-    """For a kind scoped by allocation (DESIGN §4.3): whether the caller may see a stored
-    object."""
+    owner: Ownership
+    """Whose an object is: checked on the stored object, and on what a write would store."""
+    context: CelContext
+    """The CEL view of the request (its ``request`` and ``variables``)."""
     answer_from_fetch: bool = False
-    """A plain-JSON get of a NodeLocal object: answered with the object read at ``fetch``."""
+    """A plain-JSON get: answered with the object read at ``fetch``, the one the decision was
+    made on."""
 
     @property
     def driver(self) -> str:
@@ -91,10 +107,5 @@ class Plan:
         return self.info.verb == "patch" and self.media_type in PREVIEWED
 
     def owns(self, stored: KubeObject) -> bool:
-        """Whether the stored object is the caller's on this node (in its scope)."""
-        if self.scope is not None:
-            return self.scope(stored)
-        violation = ownership_violation(
-            self.version, stored, self.driver, self.node_name, stored=True
-        )
-        return violation is None
+        """Whether the stored object is the caller's (in its scope)."""
+        return self.owner.stored(stored) is None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from gatekeeper.errors import Refusal
 from gatekeeper.policy.model import Policy, UnboundTokens
-from gatekeeper.types import NODE_NAME_EXTRA, Identity
+from gatekeeper.types import NODE_NAME_EXTRA, Identity, UserInfo
 from gatekeeper.upstream.tokenreview import ReviewOutcome
 
 __all__ = ["bearer_token", "token_identity"]
@@ -79,4 +79,5 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
     for fact, extra in _TOKEN_FACTS.items():
         if extra is not None and (values := outcome.extra.get(extra)):
             peer[fact] = values[0]
-    return Identity(driver=driver, transport="token", peer=peer)
+    user_info = UserInfo(outcome.username, outcome.uid, outcome.groups, dict(outcome.extra))
+    return Identity(driver=driver, transport="token", peer=peer, user=user_info)

@@ -262,7 +262,8 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
         },
         "root.yaml",
         "overrides[0].rule: unknown key (allowed: apiserverImmutableConfirmed, encodings, fill, "
-        "group, listSelector, poolSeparators, resource, subresources, verbs, versions)",
+        "group, listSelector, poolSeparators, resource, subresources, validations, variables, "
+        "verbs, versions)",
     ),
     (
         "override-of-nothing",

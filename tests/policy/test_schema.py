@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gatekeeper.policy import loader, parse_policy
+from gatekeeper.policy._expressions import CEL_KEYS, KIND_CEL_KEYS
 from gatekeeper.policy._kinds import KIND_KEYS, OVERRIDE_KEYS
 from gatekeeper.policy._versions import ALLOCATION_KEYS, VERSION_KEYS
 from gatekeeper.policy.model import (
@@ -90,9 +91,16 @@ def test_the_policy_schema_knows_exactly_the_loaders_keys_and_values() -> None:
     assert keys(POLICY_SCHEMA) == loader._TOP_KEYS
     assert keys(defs, "kind") == KIND_KEYS
     assert keys(defs, "override") == OVERRIDE_KEYS
-    assert keys(defs, "nodeLocalVersion") == VERSION_KEYS | {"names"}
-    assert keys(defs, "allocatedVersion") == set(ALLOCATION_KEYS) | {"names", "opaque", "times"}
-    assert keys(defs, "ownNodeVersion") == {"names"}
+    cel = set(KIND_CEL_KEYS)
+    assert keys(defs, "nodeLocalVersion") == VERSION_KEYS | {"names"} | cel
+    assert (
+        keys(defs, "allocatedVersion") == set(ALLOCATION_KEYS) | {"names", "opaque", "times"} | cel
+    )
+    assert keys(defs, "ownObjectVersion") == {"names", "mayChange"} | cel
+    assert keys(defs, "onNodeVersion") == {"names", "node", "fieldSelectors"} | cel
+    assert keys(defs, "namespaceVersion") == {"names"} | cel
+    assert keys(defs, "celVersion") == {"names"} | set(CEL_KEYS)
+    assert keys(defs, "credentialsVersion") == {"names"}
     assert POLICY_SCHEMA["properties"]["apiVersion"]["const"] == loader.API_VERSION
     assert enum(props["scope"]) == {s.value for s in Scope}
     assert enum(props["rule"]) == {r.value for r in KindRule}

@@ -542,7 +542,7 @@ async def test_a_fault_of_the_gatekeeper_is_audited_with_its_true_code(
         def policy(self) -> Any:
             return served  # what /metrics labels are checked against
 
-        def plan(self, *args: Any, **kwargs: Any) -> Any:
+        def screen(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug")
 
     sink = RecordingSink()
