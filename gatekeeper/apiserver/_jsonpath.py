@@ -57,4 +57,3 @@ def get_field(obj: Any, path: FieldPath) -> Any:
             return MISSING
         current = current[key]
     return current
-

@@ -212,6 +212,14 @@ class TokenAuthority:
         review["status"] = {"authenticated": True, "user": user, "audiences": audiences}
         return review
 
+    def user_of(self, token: str) -> dict[str, Any] | None:
+        """Who a bearer token on a request is, as the apiserver's own service-account
+        authenticator sees it (the issuer's audience); None when it is not a valid token."""
+        try:
+            return self._authenticate(token, [ISSUER])
+        except (_Rejected, APIError):
+            return None
+
     def _authenticate(self, token: str, audiences: list[str]) -> dict[str, Any]:
         claims = self._verified(token)
         if claims.get("iss") == "kubernetes/serviceaccount":

@@ -10,6 +10,7 @@ from typing import Any
 
 from gatekeeper.audit.flow import Flow
 from gatekeeper.policy.encoded import DECODED_BY_UPSTREAM
+from gatekeeper.policy.model import Credentials
 from gatekeeper.request.encoded import EncodedBody
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, KubeObject
@@ -17,6 +18,7 @@ from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, KubeObject
 __all__ = [
     "CLIENT_AUDIT_ID_ANNOTATION",
     "CONTENT_TYPE_ANNOTATION",
+    "CREDENTIALS_ANNOTATION",
     "DECISION_ANNOTATION",
     "DECODED_ANNOTATION",
     "ERROR_ANNOTATION",
@@ -26,6 +28,7 @@ __all__ = [
     "STAGE_COMPLETE",
     "STAGE_STARTED",
     "UPSTREAM_AUDIT_ID_ANNOTATION",
+    "VALIDATION_ANNOTATION",
     "AuditLevel",
     "build_event",
     "client_audit_id",
@@ -42,6 +45,11 @@ ERROR_ANNOTATION = "dra-gatekeeper.io/error"
 """Set when the request failed before any decision (e.g. upstream unreachable while fetching)."""
 FORWARDED_ANNOTATION = "dra-gatekeeper.io/forwarded"
 DECODED_ANNOTATION = "dra-gatekeeper.io/decoded-by"
+CREDENTIALS_ANNOTATION = "dra-gatekeeper.io/credentials"
+"""``driver`` when the request was forwarded with the driver's own token (rule
+DriverCredentials); absent when it carried the gatekeeper's."""
+VALIDATION_ANNOTATION = "dra-gatekeeper.io/validation"
+"""The policy's CEL validation that refused the request (its name)."""
 """On a protobuf or CBOR body: the request object is the apiserver's decoding (a dry run)."""
 """``METHOD target`` sent upstream, when it differs from the driver's request (an apply sent as a
 create, a list with injected selector terms)."""
@@ -192,6 +200,10 @@ def _annotations(flow: Flow) -> dict[str, str]:
     if flow.decision is not None:
         annotations[DECISION_ANNOTATION] = "allow" if flow.decision.allowed else "forbid"
         annotations[REASON_ANNOTATION] = flow.decision.reason
+        if flow.decision.validation:
+            annotations[VALIDATION_ANNOTATION] = flow.decision.validation
+        if flow.decision.credentials is Credentials.DRIVER:
+            annotations[CREDENTIALS_ANNOTATION] = Credentials.DRIVER.value
     elif flow.status_code >= 500:
         annotations[ERROR_ANNOTATION] = flow.status_message or "failed before a decision"
     forwarded = flow.forwarded

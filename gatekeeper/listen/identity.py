@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 
-
 def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:
     """Identify the peer of an accepted connection, or raise a 401 Refusal.
 

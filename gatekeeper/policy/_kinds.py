@@ -62,7 +62,9 @@ KIND_KEYS = {
 _REQUIRED = ("group", "resource", "kind", "scope", "rule", "verbs", "versions")
 # What a kind *is* cannot be overridden: an including file that wants another kind, scope or
 # rule defines its own policy instead of reinterpreting someone else's.
-OVERRIDE_KEYS = KIND_KEYS - {"kind", "scope", "rule"}
+OVERRIDE_KEYS = KIND_KEYS - {"kind", "scope"}
+"""``rule`` in an override selects which entry of a kind listed under two rules it changes; it
+never changes a rule."""
 _NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
 # The keys only some rules read, by rule (every other rule refuses them).
 _RULE_KEYS = {KindRule.NODE_LOCAL: set(_NODE_LOCAL_ONLY), KindRule.ON_NODE: {"listSelector"}}
@@ -85,6 +87,17 @@ class RawKind:
     @property
     def qualified(self) -> str:
         return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    @property
+    def rule(self) -> str:
+        """The rule as written ("" for an override that names none)."""
+        loc = self.keys.get("rule")
+        return loc.value if loc is not None and isinstance(loc.value, str) else ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(group, resource, rule): a kind may be listed once per rule."""
+        return (self.group, self.resource, self.rule)
 
 
 def _identity(ctx: Context, key: str, kind: Any) -> tuple[str, str]:

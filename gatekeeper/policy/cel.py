@@ -137,6 +137,20 @@ class CelRules:
     def __bool__(self) -> bool:
         return bool(self.variables or self.validations or self.scope)
 
+    def needed(self, program: Program) -> tuple[Variable, ...]:
+        """The variables ``program`` reads, directly or through other variables, in the order
+        they are defined: evaluated lazily, as an admission policy's are, so a variable that
+        only another validation reads cannot refuse this one."""
+        wanted: set[str] = set()
+        pending = [program]
+        while pending:
+            reads = pending.pop()
+            for variable in self.variables:
+                if variable.name not in wanted and reads.reads(variable.name):
+                    wanted.add(variable.name)
+                    pending.append(variable.program)
+        return tuple(variable for variable in self.variables if variable.name in wanted)
+
     def programs(self) -> Iterable[Program]:
         yield from (variable.program for variable in self.variables)
         if self.scope is not None:
@@ -206,9 +220,13 @@ def compile_program(
 def _compile_message(exc: RuntimeError) -> str:
     """The runtime's compile error without its status prefix, on as few lines as it needs."""
     text = str(exc).strip()
-    text = re.sub(r"^INVALID_ARGUMENT: ", "", text)
-    text = re.sub(r"\s*\[INVALID_ARGUMENT\]$", "", text)
-    return " ".join(line.strip() for line in text.splitlines() if line.strip() != "")
+    text = re.sub(r"^[A-Z_]+: ", "", text)
+    text = re.sub(r"\s*\[[A-Z_]+\]$", "", text)
+    # "ERROR: <input>:1:15: Syntax error: …" then the source and a caret: the position is
+    # enough on one line.
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("|")]
+    return " ".join(line.replace("ERROR: <input>:", "at ", 1) for line in lines)
 
 
 def _variable_references(source: str) -> set[str]:
@@ -256,40 +274,64 @@ def run_validations(
     """Evaluate ``rules`` on one write: the variables in order, then (rule CEL) the scope on
     each of ``scoped`` (``object``, ``oldObject``: the object written, the one stored), then
     every validation. The first that does not hold refuses; None when all hold."""
-    values: dict[str, Any] = dict(builtins)
-    data = {"object": obj, "oldObject": old, "request": request, "variables": values}
     names = {id(variable.program): f"variables.{variable.name}" for variable in rules.variables}
     try:
-        for variable in rules.variables:
-            values[variable.name] = evaluate(variable.program, activation(data))
-        bound = activation(data)
-        for root in scoped:
-            assert rules.scope is not None
+        if rules.scope is not None:
             names[id(rules.scope)] = "scope"
-            if not _holds(rules.scope, activation({**data, "object": data[root]})):
-                return Outcome("scope", 403, _scope_message(root, rules.scope))
+            for root in scoped:
+                subject = obj if root == "object" else old
+                bindings = _Bindings(rules, subject, None, request, builtins)
+                if not _holds(rules.scope, bindings.activation(rules.scope)):
+                    return Outcome("scope", 403, _scope_message(root, rules.scope))
+        bindings = _Bindings(rules, obj, old, request, builtins)
         for validation in rules.validations:
             names[id(validation.program)] = validation.name
-            if not _holds(validation.program, bound):
-                return Outcome(validation.name, validation.reason.code, _message(validation, bound))
+            if not _holds(validation.program, bindings.activation(validation.program)):
+                message = _message(validation, bindings)
+                return Outcome(validation.name, validation.reason.code, message)
     except _EvaluationError as exc:
         name = names.get(id(exc.program), exc.program.where)
         return Outcome(name, 403, f"{name} could not be evaluated: {exc}", error=str(exc))
     return None
 
 
+class _Bindings:
+    """``object``, ``oldObject``, ``request`` and ``variables`` of one evaluation; a variable is
+    evaluated the first time an expression needs it, once."""
+
+    def __init__(
+        self,
+        rules: CelRules,
+        obj: Any,
+        old: Any,
+        request: Mapping[str, Any],
+        builtins: Mapping[str, Any],
+    ) -> None:
+        self._rules = rules
+        self._values: dict[str, Any] = dict(builtins)
+        self._data = {
+            "object": obj,
+            "oldObject": old,
+            "request": request,
+            "variables": self._values,
+        }
+
+    def activation(self, program: Program) -> Any:
+        for variable in self._rules.needed(program):
+            if variable.name not in self._values:
+                self._values[variable.name] = evaluate(variable.program, activation(self._data))
+        return activation(self._data)
+
+
 def in_scope(
     rules: CelRules, obj: Any, request: Mapping[str, Any], builtins: Mapping[str, Any]
 ) -> bool:
-    """Whether the scope of rule CEL holds for ``obj`` (a read: the variables are evaluated on
-    it as ``object``). An expression that fails counts as not in scope (hidden)."""
+    """Whether the scope of rule CEL holds for ``obj`` (a read: ``object`` is the object read).
+    An expression that fails counts as not in scope (hidden)."""
     assert rules.scope is not None
-    values: dict[str, Any] = dict(builtins)
-    data = {"object": obj, "oldObject": None, "request": request, "variables": values}
     try:
-        for variable in rules.variables:
-            values[variable.name] = evaluate(variable.program, activation(data))
-        return _holds(rules.scope, activation(data))
+        bindings = _Bindings(rules, obj, None, request, builtins)
+        return _holds(rules.scope, bindings.activation(rules.scope))
     except _EvaluationError:
         return False
 
@@ -306,12 +348,13 @@ def _scope_message(root: str, scope: Program) -> str:
     return f"{which} is not the caller's (scope: {scope.source})"
 
 
-def _message(validation: Validation, bound: Any) -> str:
+def _message(validation: Validation, bindings: _Bindings) -> str:
     """The validation's message: its messageExpression's string when that evaluates to one
     (one line, not empty), else ``message``, else the expression itself (as the apiserver)."""
     if validation.message_expression is not None:
         try:
-            text = evaluate(validation.message_expression, bound)
+            program = validation.message_expression
+            text = evaluate(program, bindings.activation(program))
         except _EvaluationError:
             text = None
         if isinstance(text, str) and text.strip() and "\n" not in text:

@@ -193,7 +193,7 @@ class Engine:
             )
         if not info.is_resource_request:
             return self._non_resource(driver, info)
-        kind = self.policy.kind_for(info.api_group, info.resource)
+        kind = self.policy.kind_for(info.api_group, info.resource, info.verb)
         if kind is None:
             return forbid(driver, info, "the gatekeeper policy does not allow this resource")
         version = kind.versions.get(info.api_version)

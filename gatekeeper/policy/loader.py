@@ -12,7 +12,7 @@ import io
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -23,7 +23,7 @@ from gatekeeper.names import is_dns_label, is_dns_subdomain, is_driver_name
 from gatekeeper.policy._context import Context, Located, join_key, parse_enum
 from gatekeeper.policy._kinds import RawKind, build_kind, read_kind, read_override
 from gatekeeper.policy._versions import ALLOCATION_KEYS, APISERVER_IMMUTABLE, LEGACY_IMMUTABLE
-from gatekeeper.policy.model import ANY_DRIVER, Policy, UnboundTokens
+from gatekeeper.policy.model import ANY_DRIVER, KindSpec, Policy, UnboundTokens
 
 __all__ = [
     "ALLOCATION_KEYS",
@@ -115,7 +115,8 @@ class _Partial:
     """``system:serviceaccount:<ns>:<name>`` → (driver, where it was mapped)."""
     unbound: Located | None = None
     unbound_conflict: tuple[Located, Located] | None = None
-    kinds: dict[tuple[str, str], RawKind] = field(default_factory=dict)
+    kinds: dict[tuple[str, str, str], RawKind] = field(default_factory=dict)
+    """(group, resource, rule) → the kind: a resource may be listed once per rule."""
 
 
 class _Loader:
@@ -245,27 +246,23 @@ class _Loader:
         included = set(merged.kinds)
         for index, raw in enumerate(_list(ctx, top, "kinds")):
             kind = read_kind(ctx, f"kinds[{index}]", raw)
-            key = (kind.group, kind.resource)
-            if key in included:
+            if kind.key in included:
                 kind.origin.fail(
-                    f"{kind.qualified} is defined by {merged.kinds[key].origin.where} already: "
-                    "change it under `overrides` (a kind is defined once)"
+                    f"{kind.qualified} (rule {kind.rule}) is defined by "
+                    f"{merged.kinds[kind.key].origin.where} already: change it under `overrides` "
+                    "(a kind is defined once per rule)"
                 )
-            if key in merged.kinds:
-                kind.origin.fail(f"{kind.qualified} is listed twice")
-            merged.kinds[key] = kind
-        overridden: set[tuple[str, str]] = set()
+            if kind.key in merged.kinds:
+                kind.origin.fail(f"{kind.qualified} is listed twice under rule {kind.rule}")
+            merged.kinds[kind.key] = kind
+        overridden: set[tuple[str, str, str]] = set()
         for index, raw in enumerate(_list(ctx, top, "overrides")):
             change = read_override(ctx, f"overrides[{index}]", raw)
-            key = (change.group, change.resource)
-            if key not in included:
-                change.origin.fail(
-                    f"overrides {change.qualified}, which no included file defines"
-                    + ("" if key not in merged.kinds else " (this file does: edit it there)")
-                )
+            key = _overridden(change, included, merged)
             if key in overridden:
                 change.origin.fail(f"{change.qualified} is overridden twice")
             overridden.add(key)
+            change.keys.pop("rule", None)  # it selected the entry; it changes nothing
             merged.kinds[key].keys.update(change.keys)
             merged.kinds[key].versions.update(change.versions)
 
@@ -275,7 +272,7 @@ class _Loader:
                 f"{source}: kinds: no kind is defined (here or in an included file): an empty "
                 "policy would allow nothing"
             )
-        kinds = {key: build_kind(raw) for key, raw in merged.kinds.items()}
+        kinds = _combined([(raw, build_kind(raw)) for raw in merged.kinds.values()])
         unbound = merged.unbound
         for notice in self.notices:
             log.warning("%s", notice)
@@ -311,6 +308,64 @@ def _resolve(where: Located, directory: str | None) -> tuple[str, str]:
         where.fail(f"{ref!r}: a relative include needs the policy to be a file")
     path = os.path.normpath(os.path.join(directory, ref))
     return path, path
+
+
+def _overridden(
+    change: RawKind, included: set[tuple[str, str, str]], merged: _Partial
+) -> tuple[str, str, str]:
+    """The included kind an override changes: the one of its group and resource, or (for a
+    kind listed under two rules) the one of the rule it names."""
+    candidates = [
+        key
+        for key in included
+        if key[:2] == (change.group, change.resource) and change.rule in ("", key[2])
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        rules = ", ".join(sorted(key[2] for key in candidates))
+        change.origin.fail(
+            f"{change.qualified} is listed under rules {rules}: name the one to change (rule: …)"
+        )
+    listed = sorted(key[2] for key in included if key[:2] == (change.group, change.resource))
+    if listed:
+        change.keys["rule"].fail(
+            f"{change.qualified} is listed under rule {', '.join(listed)}, not {change.rule}: "
+            "an override names the rule of the entry it changes, it cannot change a rule"
+        )
+    defined_here = any(key[:2] == (change.group, change.resource) for key in merged.kinds)
+    change.origin.fail(
+        f"overrides {change.qualified}"
+        + (f" (rule {change.rule})" if change.rule else "")
+        + ", which no included file defines"
+        + (" (this file does: edit it there)" if defined_here else "")
+    )
+
+
+def _combined(built: list[tuple[RawKind, KindSpec]]) -> dict[tuple[str, str], KindSpec]:
+    """The policy's kinds by (group, resource): a resource listed under several rules is one
+    KindSpec with the others as its ``alternatives``, each deciding its own verbs."""
+    kinds: dict[tuple[str, str], KindSpec] = {}
+    firsts: dict[tuple[str, str], RawKind] = {}
+    for raw, spec in built:
+        key = (spec.group, spec.resource)
+        first = kinds.get(key)
+        if first is None:
+            kinds[key], firsts[key] = spec, raw
+            continue
+        if (spec.kind, spec.scope) != (first.kind, first.scope):
+            raw.origin.fail(
+                f"is {spec.kind} ({spec.scope.value}), but {firsts[key].origin.where} lists "
+                f"{spec.qualified} as {first.kind} ({first.scope.value}): one resource is one kind"
+            )
+        for other in (first, *first.alternatives):
+            if shared := other.verbs & spec.verbs:
+                raw.keys["verbs"].fail(
+                    f"{', '.join(sorted(shared))} of {spec.qualified} is decided by rule "
+                    f"{other.rule.value} already: each verb of a resource has one rule"
+                )
+        kinds[key] = replace(first, alternatives=(*first.alternatives, spec))
+    return kinds
 
 
 def _merge_included(merged: _Partial, included: _Partial) -> None:

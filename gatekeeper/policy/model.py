@@ -251,11 +251,29 @@ class KindSpec:
     """The policy confirms (``apiserverImmutableConfirmed``) that this kind, outside the
     :data:`BUILT_IN_GROUPS`, has its apiserver refuse changes to the ``apiserverImmutable``
     fields (a CRD validation rule), so its versions may assert it."""
+    alternatives: tuple[KindSpec, ...] = ()
+    """The same resource listed under other rules, each with verbs of its own (Pods read on
+    this node by rule OnNode, the caller's own pod patched by rule OwnPod)."""
 
     @property
     def qualified(self) -> str:
         """``resourceslices.resource.k8s.io`` (``secrets`` for the core group)."""
         return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    @property
+    def entries(self) -> tuple[KindSpec, ...]:
+        """This kind under each rule it is listed under."""
+        return (replace(self, alternatives=()), *self.alternatives)
+
+    def for_verb(self, verb: str) -> KindSpec:
+        """The entry whose rule decides ``verb`` (this one when none does: it refuses)."""
+        if verb in self.verbs or not self.alternatives:
+            return self
+        return next((other for other in self.alternatives if verb in other.verbs), self)
+
+    @property
+    def all_verbs(self) -> frozenset[str]:
+        return self.verbs.union(*(other.verbs for other in self.alternatives))
 
 
 class UnboundTokens(enum.Enum):
@@ -284,8 +302,10 @@ class Policy:
     """Every file on disk the policy was read from: ``source`` and the files it includes (a
     packaged policy is not one: it changes only with the gatekeeper). A reload watches them."""
 
-    def kind_for(self, group: str, resource: str) -> KindSpec | None:
-        return self.kinds.get((group, resource))
+    def kind_for(self, group: str, resource: str, verb: str = "") -> KindSpec | None:
+        """The kind of ``group``/``resource``; with ``verb``, its entry whose rule decides it."""
+        kind = self.kinds.get((group, resource))
+        return kind.for_verb(verb) if kind is not None and verb else kind
 
     def allows_driver(self, driver: str) -> bool:
         return driver in self.drivers or ANY_DRIVER in self.drivers

@@ -44,6 +44,8 @@ def compare(expect: Expectation, outcome: Outcome) -> list[Mismatch]:
         out.append(Mismatch("reason", f"/{expect.reason.pattern}/", _show(outcome.reason)))
     if expect.message is not None and not expect.message.search(outcome.message):
         out.append(Mismatch("message", f"/{expect.message.pattern}/", _show(outcome.message)))
+    if expect.validation is not None and expect.validation != outcome.validation:
+        out.append(Mismatch("validation", _show(expect.validation), _show(outcome.validation)))
     if expect.check_forwarded:
         out.extend(_forwarded(expect.forwarded, outcome.forwarded))
     return out

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,18 +24,15 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import yarl
-from aiohttp import web
 
-from gatekeeper.apiserver import APIServer, JournalEntry, Store
-from gatekeeper.audit import AuditLevel
+from gatekeeper.apiserver import TOKEN_KINDS, APIServer, JournalEntry, Store
+from gatekeeper.audit.event import VALIDATION_ANNOTATION
+from gatekeeper.cli.certs import create_ca, issue_server_cert, write_pem
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.listen.connections import GuardedRunner
-from gatekeeper.policy import Engine
 from gatekeeper.policytest._model import MalformedTest, TestCase, TestFile
-from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.server.server import socket_path
+from gatekeeper.server.config import ServeConfig, token_ssl_context
+from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
-from gatekeeper.upstream.session import UpstreamSession
 
 __all__ = ["Forwarded", "Harness", "Outcome"]
 
@@ -83,6 +81,8 @@ class Outcome:
     seconds: float = 0.0
     error: str = ""
     """The runner could not complete the request (no answer in time, unsendable target)."""
+    validation: str = ""
+    """The policy's CEL validation that refused (the audit annotation), if one did."""
 
 
 class _MemorySink:
@@ -119,18 +119,29 @@ class _MemorySink:
 
 
 class Harness:
-    """``async with Harness(test_file) as harness: outcome = await harness.run(case)``."""
+    """``async with Harness(test_file) as harness: outcome = await harness.run(case)``.
+
+    The gatekeeper is the one ``serve`` runs (:class:`~gatekeeper.server.server.GatekeeperServer`
+    built from a :class:`~gatekeeper.server.config.ServeConfig`): its listeners, limits and
+    pipeline. Every driver a case names gets its Unix socket; a case with a ``token`` is sent
+    with that ServiceAccount's token to the token listener.
+    """
 
     def __init__(self, test_file: TestFile) -> None:
         self.file = test_file
-        drivers = {case.driver for case in test_file.cases} | set(test_file.policy.drivers)
-        self._drivers = sorted(d for d in drivers if d != "*")
-        self.apiserver = APIServer(served_kinds(test_file.policy), token=_TOKEN)
+        drivers = {case.driver for case in test_file.cases if case.token is None}
+        self._drivers = sorted((drivers | set(test_file.policy.drivers)) - {"*"})
+        self._tokens = any(case.token is not None for case in test_file.cases)
+        policy_kinds = served_kinds(test_file.policy)
+        served = {(kind.group, kind.resource) for kind in policy_kinds}
+        # TokenRequest needs ServiceAccounts and Pods stored, served or not by the policy.
+        extra = [k for k in TOKEN_KINDS if self._tokens and (k.group, k.resource) not in served]
+        self.apiserver = APIServer((*policy_kinds, *extra), token=_TOKEN)
         self._sink = _MemorySink()
-        self._runner: GuardedRunner | None = None
-        self._upstream: UpstreamSession | None = None
+        self._server: GatekeeperServer | None = None
         self._sessions: dict[str, aiohttp.ClientSession] = {}
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="gk-test-"))
+        self._token_session: aiohttp.ClientSession | None = None
+        self._dir = Path(tempfile.mkdtemp(prefix="gk-test-"))
 
     async def __aenter__(self) -> Harness:
         try:
@@ -147,43 +158,57 @@ class Harness:
 
     async def _start(self) -> None:
         url = await self.apiserver.start()
-        self._upstream = UpstreamSession(UpstreamConfig(server=url, token=_TOKEN))
-        await self._upstream.start()
-        engine = Engine(self.file.policy, self.file.node, node_labels=dict(self.file.node_labels))
-        gatekeeper = Gatekeeper(
-            engine=engine,
-            upstream=self._upstream,
-            audit=self._sink,
-            audit_level=AuditLevel.METADATA,
+        socket_dir = self._dir / "sockets"
+        socket_dir.mkdir()
+        token_tls = None
+        if self._tokens:
+            cert, key = _throwaway_server_cert(self._dir)
+            token_tls = token_ssl_context(cert, key)
+        config = ServeConfig(
+            node_name=self.file.node,
+            policy=self.file.policy,
+            upstream=UpstreamConfig(server=url, token=_TOKEN),
+            node_labels=dict(self.file.node_labels),
+            socket_dir=socket_dir,
+            listen_token=("127.0.0.1", 0) if self._tokens else None,
+            token_tls=token_tls,
+            token_cache_ttl=0.001,  # every case reviews its token: cases are independent
         )
-        self._runner = GuardedRunner(gatekeeper, shutdown_timeout=1.0)
-        await self._runner.setup()
+        self._server = GatekeeperServer(config, audit=self._sink)
+        await self._server.start()
+        # Every driver a case names gets its socket, as if the operator had given each one a
+        # directory: a driver the policy does not allow is then refused by the policy itself.
+        await self._server.add_driver_sockets(
+            [d for d in self._drivers if d not in self.file.policy.drivers]
+        )
         for driver in self._drivers:
-            # Every driver a case names gets its socket, as if the operator had given each one a
-            # directory: a driver the policy does not allow is then refused by the policy itself.
-            path = socket_path(self._socket_dir, driver)
-            path.parent.mkdir(parents=True)
-            await web.UnixSite(self._runner, str(path)).start()
-            gatekeeper.socket_drivers[str(path)] = driver
             self._sessions[driver] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=str(path)),
+                connector=aiohttp.UnixConnector(path=str(socket_path(socket_dir, driver))),
+                timeout=aiohttp.ClientTimeout(total=_ANSWER_TIMEOUT),
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                auto_decompress=False,
+            )
+        if self._tokens:
+            context = ssl.create_default_context(cafile=str(self._dir / "ca.crt"))
+            self._token_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=context),
                 timeout=aiohttp.ClientTimeout(total=_ANSWER_TIMEOUT),
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 auto_decompress=False,
             )
 
     async def close(self) -> None:
-        for session in self._sessions.values():
-            await session.close()
+        sessions = [*self._sessions.values(), self._token_session]
+        for session in sessions:
+            if session is not None:
+                await session.close()
         self._sessions.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._upstream is not None:
-            await self._upstream.close()
-            self._upstream = None
+        self._token_session = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
         await self.apiserver.close()
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def reset(self, case: TestCase) -> None:
         """An empty store holding only ``case.existing``, an empty journal, no events."""
@@ -200,18 +225,37 @@ class Harness:
         server.journal.clear()
         self._sink.events.clear()
 
+    def _token(self, case: TestCase) -> str:
+        """A token of the case's ServiceAccount, bound to its pod (both stored if absent)."""
+        spec = case.token
+        assert spec is not None
+        server = self.apiserver
+        stored = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+                  for o, _ in case.existing}  # fmt: skip
+        if ("ServiceAccount", spec.namespace, spec.name) not in stored:
+            server.add(_service_account(spec.namespace, spec.name))
+        if spec.pod and ("Pod", spec.namespace, spec.pod) not in stored:
+            server.add(_pod(spec.namespace, spec.pod, spec.name, spec.node or self.file.node))
+        server.journal.clear()
+        return server.tokens.mint(spec.namespace, spec.name, pod=spec.pod or None)
+
     async def run(self, case: TestCase) -> Outcome:
         """Reset the store for ``case``, send its request as its driver, and observe."""
         self.reset(case)
         loop = asyncio.get_running_loop()
         started = loop.time()
         request = case.request
+        headers = {"User-Agent": "dra-gatekeeper-test", **dict(request.headers)}
+        if case.token is not None:
+            assert self._token_session is not None and self._server is not None
+            headers["Authorization"] = f"Bearer {self._token(case)}"
+            session, base = self._token_session, f"https://127.0.0.1:{self._server.token_port}"
+        else:
+            session, base = self._sessions[case.driver], "http://localhost"
         try:
-            url = yarl.URL("http://localhost" + request.target, encoded=True)
+            url = yarl.URL(base + request.target, encoded=True)
         except ValueError as exc:
             return Outcome(0, "", "", "", None, error=f"cannot send this path: {exc}")
-        headers = {"User-Agent": "dra-gatekeeper-test", **dict(request.headers)}
-        session = self._sessions[case.driver]
         try:
             async with session.request(
                 request.method, url, headers=headers, data=request.body, allow_redirects=False
@@ -233,7 +277,35 @@ class Harness:
             message=_status_message(body),
             forwarded=_forwarded(self.apiserver.journal, audit_id),
             seconds=loop.time() - started,
+            validation=annotations.get(VALIDATION_ANNOTATION, ""),
         )
+
+
+def _throwaway_server_cert(directory: Path) -> tuple[str, str]:
+    """A CA and a serving certificate for 127.0.0.1 in ``directory`` (removed with it)."""
+    ca = create_ca()
+    write_pem(directory / "ca.crt", ca.cert_pem)
+    server = issue_server_cert(ca)
+    write_pem(directory / "server.crt", server.cert_pem)
+    write_pem(directory / "server.key", server.key_pem, private=True)
+    return str(directory / "server.crt"), str(directory / "server.key")
+
+
+def _service_account(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+
+
+def _pod(namespace: str, name: str, account: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeName": node, "serviceAccountName": account},
+    }
 
 
 def _is_watch(target: str) -> bool:

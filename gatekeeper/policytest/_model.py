@@ -29,15 +29,17 @@ __all__ = [
     "RequestSpec",
     "TestCase",
     "TestFile",
+    "TokenSpec",
     "discover",
     "load_test_file",
 ]
 
 TEST_FILE_SUFFIX = "_test.yaml"
 _FILE_KEYS = {"policy", "node", "nodeLabels", "drivers", "cases"}
-_CASE_KEYS = {"name", "driver", "request", "existing", "expect"}
+_CASE_KEYS = {"name", "driver", "token", "request", "existing", "expect"}
+_TOKEN_KEYS = {"serviceAccount", "pod", "node"}
 _REQUEST_KEYS = {"method", "path", "query", "headers", "body"}
-_EXPECT_KEYS = {"allowed", "code", "reason", "message", "forwarded"}
+_EXPECT_KEYS = {"allowed", "code", "reason", "message", "validation", "forwarded"}
 _FORWARDED_KEYS = {"method", "path", "query", "headers", "body"}
 _METHOD = re.compile(r"^[A-Z]+$")
 
@@ -98,6 +100,27 @@ class Expectation:
     forwarded: ForwardedSpec | None = None
     check_forwarded: bool = False
     """True when ``forwarded`` was given; ``forwarded: null`` means nothing was forwarded."""
+    validation: str | None = None
+    """The name of the policy's CEL validation that refused (``scope``, ``variables.<name>``
+    for an expression that failed to evaluate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSpec:
+    """A case sent with a ServiceAccount's token to the token listener (``token:``): the
+    account and the pod it is bound to are stored unless ``existing`` has them."""
+
+    namespace: str
+    name: str
+    pod: str = ""
+    """The pod the token is bound to ("" : a token bound to no pod)."""
+    node: str = ""
+    """The pod's node (default: the file's node)."""
+
+    @property
+    def user(self) -> str:
+        """The username the apiserver gives the account's tokens."""
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +130,13 @@ class TestCase:
     name: str
     line: int
     driver: str
+    """The driver: the socket the request is sent on, or (with ``token``) the driver the
+    policy maps the ServiceAccount to."""
     request: RequestSpec
     existing: tuple[tuple[dict[str, Any], int], ...]
     """Objects stored before the request, each with its line."""
     expect: Expectation
+    token: TokenSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +277,7 @@ def load_test_file(path: str) -> TestFile:
     loaded: list[TestCase] = []
     names: set[str] = set()
     for raw, line in zip(cases, cases.item_lines, strict=True):
-        case = _case(check, raw, line)
+        case = _case(check, raw, line, policy)
         if case.name in names:
             raise check.fail(line, "name", "is used by another case of this file")
         names.add(case.name)
@@ -280,20 +306,50 @@ def _policy(check: _Checker, top: LineDict, path: str) -> Policy:
         raise check.fail(top.key_line("policy"), "policy", str(exc)) from exc
 
 
-def _case(check: _Checker, raw: Any, line: int) -> TestCase:
+def _case(check: _Checker, raw: Any, line: int, policy: Policy) -> TestCase:
     check.case = raw.get("name", "") if isinstance(raw, dict) else ""
     case = check.mapping(raw, "", line, _CASE_KEYS)
-    for key in ("name", "driver", "request", "expect"):
+    for key in ("name", "request", "expect"):
         if key not in case:
             raise check.fail(case.line, key, "is required")
+    if "driver" not in case and "token" not in case:
+        raise check.fail(case.line, "driver", "is required (or a token: {serviceAccount: ...})")
     name = check.string(case, "name", "name")
-    driver = check.string(case, "driver", "driver")
-    if not is_driver_name(driver):
+    token = _token(check, case["token"], case.key_line("token")) if "token" in case else None
+    mapped = policy.service_accounts.get(token.user, "") if token is not None else ""
+    driver = check.string(case, "driver", "driver") if "driver" in case else mapped
+    if token is not None and "driver" in case and driver != mapped:
+        raise check.fail(
+            case.key_line("driver"),
+            "driver",
+            f'is "{driver}", but the policy maps {token.namespace}/{token.name} to '
+            f'"{mapped or "no driver"}": leave driver out of a token case, or name that one',
+        )
+    if driver and not is_driver_name(driver):
         raise check.fail(case.key_line("driver"), "driver", f'"{driver}" is not a driver name')
     request = _request(check, case["request"], case.key_line("request"))
     existing = _existing(check, case.get("existing", []), case.key_line("existing"))
     expect = _expectation(check, case["expect"], case.key_line("expect"))
-    return TestCase(name, case.line, driver, request, existing, expect)
+    return TestCase(name, case.line, driver, request, existing, expect, token)
+
+
+def _token(check: _Checker, raw: Any, line: int) -> TokenSpec:
+    spec = check.mapping(raw, "token", line, _TOKEN_KEYS)
+    account = check.string(spec, "serviceAccount", "token.serviceAccount")
+    namespace, _, name = account.partition("/")
+    if not is_dns_subdomain(namespace) or not is_dns_subdomain(name):
+        raise check.fail(
+            spec.key_line("serviceAccount"),
+            "token.serviceAccount",
+            f'"{account}" is not namespace/name',
+        )
+    pod = check.string(spec, "pod", "token.pod", required=False)
+    node = check.string(spec, "node", "token.node", required=False)
+    if node and not pod:
+        raise check.fail(
+            spec.key_line("node"), "token.node", "is the node of token.pod: name the pod"
+        )
+    return TokenSpec(namespace, name, pod, node)
 
 
 def _request(check: _Checker, raw: Any, line: int) -> RequestSpec:
@@ -369,6 +425,7 @@ def _expectation(check: _Checker, raw: Any, line: int) -> Expectation:
         message=_pattern(check, expect, "message"),
         forwarded=forwarded,
         check_forwarded="forwarded" in expect,
+        validation=check.string(expect, "validation", "expect.validation", required=False) or None,
     )
 
 

@@ -18,11 +18,13 @@ from gatekeeper.audit.flow import Flow, Forwarded
 from gatekeeper.codec import jsoncodec
 from gatekeeper.errors import UpstreamError
 from gatekeeper.policy.decision import Decision
+from gatekeeper.policy.model import Credentials
 from gatekeeper.proxy.answer import answer
 from gatekeeper.proxy.filtering import PLAIN_JSON, scoped_chunks, scoped_error
 from gatekeeper.proxy.paging import PageOpener, prime_listing, prime_watch, upstream_target
 from gatekeeper.proxy.scoped import DROPPED_ANNOTATION, WatchFilter
 from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.proxy.tokens import bearer_token
 from gatekeeper.request.headers import forwarded_request_headers, response_headers
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
@@ -89,9 +91,14 @@ async def _exchange(
     flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
     pool: Pool = "watches" if flow.long_running else "requests"
+    # DESIGN §4.3a — a kind forwarded under the driver's own credentials carries the token the
+    # driver sent (reviewed when it was identified), never the gatekeeper's.
+    credential = None
+    if flow.decision.credentials is Credentials.DRIVER:
+        credential = bearer_token(request.headers)
     try:
         async with gk.upstream.stream(
-            target.method, target.target, headers, payload, pool=pool
+            target.method, target.target, headers, payload, pool=pool, credential=credential
         ) as answered:
             flow.upstream_audit_id = answered.headers.get("Audit-Id", "")
             flow.status_code = answered.status

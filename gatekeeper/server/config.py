@@ -194,9 +194,7 @@ def _listener_settings(
     return {
         "socket_dir": check_socket_dir(socket_dir) if socket_dir is not None else None,
         "listen": parse_host_port(listen, "--listen") if listen is not None else None,
-        "listen_tls": (
-            server_ssl_context(cert, key, client_ca) if listen is not None else None
-        ),
+        "listen_tls": (server_ssl_context(cert, key, client_ca) if listen is not None else None),
         "listen_token": (
             parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
         ),

@@ -269,9 +269,7 @@ class _InFlightCollector(Collector):
     """``dra_gatekeeper_requests_in_flight{driver}``, read from the pipeline's own count; a
     driver once seen keeps its series (at 0), as a gauge's child would."""
 
-    def __init__(
-        self, counts: Callable[[], CounterType[str]], label: Callable[[str], str]
-    ) -> None:
+    def __init__(self, counts: Callable[[], CounterType[str]], label: Callable[[str], str]) -> None:
         self._counts = counts
         self._label = label
         self._seen: set[str] = set()

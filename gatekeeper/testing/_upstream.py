@@ -64,8 +64,12 @@ class MockUpstream:
         body: bytes | None,
         *,
         pool: Pool,
+        credential: str | None = None,
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        return self._open(UpstreamCall(method, target, dict(headers), body, pool))
+        sent = dict(headers)
+        if credential is not None:
+            sent["Authorization"] = f"Bearer {credential}"
+        return self._open(UpstreamCall(method, target, sent, body, pool))
 
     @asynccontextmanager
     async def _open(self, call: UpstreamCall) -> AsyncIterator[UpstreamResponse]:
@@ -94,8 +98,9 @@ class InterleavedUpstream(UpstreamSession):
         body: bytes | None,
         *,
         pool: Pool,
+        credential: str | None = None,
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        opened = super().stream(method, target, headers, body, pool=pool)
+        opened = super().stream(method, target, headers, body, pool=pool, credential=credential)
         if pool != "own" or method != "GET" or not target.startswith("/api"):
             return opened
         return self._then(opened, target)

@@ -74,7 +74,9 @@ class UpstreamResponse(Protocol):
 
 class Upstream(Protocol):
     """What the pipeline needs of the kube-apiserver: one request whose answer is streamed.
-    Implementations add the node's credentials themselves; callers never see or send them."""
+    Implementations add the node's credentials themselves; callers never see or send them,
+    except ``credential``: a driver's own bearer token, sent instead of the node's for a kind
+    forwarded under the driver's credentials (DESIGN §4.3a)."""
 
     def stream(
         self,
@@ -84,6 +86,7 @@ class Upstream(Protocol):
         body: bytes | None,
         *,
         pool: Pool,
+        credential: str | None = None,
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
         """Open a request; its answer is read inside the context."""
         ...
@@ -195,24 +198,32 @@ class UpstreamSession:
         }
 
     async def start(self) -> None:
-        for pool in self.pools.values():
-            connector = aiohttp.TCPConnector(
-                ssl=self._ssl if self._ssl is not None else False,
-                limit=pool.size,
-                enable_cleanup_closed=True,
-            )
-            pool.session = aiohttp.ClientSession(
-                base_url=self.config.server,
-                connector=connector,
-                auto_decompress=True,
-                skip_auto_headers=("Accept-Encoding",),
-            )
+        # Requests under a driver's own token get connections of their own, without the
+        # gatekeeper's client certificate: the apiserver authenticates a certificate before a
+        # bearer token, so on a shared connection the request would be the gatekeeper's.
+        delegated_ssl = build_ssl_context(self.config, client_certificate=False)
+        for name, pool in self.pools.items():
+            pool.session = self._session(self._ssl, pool.size)
+            if name != "own":
+                pool.delegated = self._session(delegated_ssl, pool.size)
+
+    def _session(self, context: ssl.SSLContext | None, size: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            ssl=context if context is not None else False, limit=size, enable_cleanup_closed=True
+        )
+        return aiohttp.ClientSession(
+            base_url=self.config.server,
+            connector=connector,
+            auto_decompress=True,
+            skip_auto_headers=("Accept-Encoding",),
+        )
 
     async def close(self) -> None:
         for pool in self.pools.values():
-            if pool.session is not None:
-                await pool.session.close()
-                pool.session = None
+            for session in (pool.session, pool.delegated):
+                if session is not None:
+                    await session.close()
+            pool.session = pool.delegated = None
 
     def stream(
         self,
@@ -222,8 +233,11 @@ class UpstreamSession:
         body: bytes | None,
         *,
         pool: Pool,
+        credential: str | None = None,
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        return self._open(self.pools[pool], method, target, headers, body, pool == "watches")
+        return self._open(
+            self.pools[pool], method, target, headers, body, pool == "watches", credential
+        )
 
     @asynccontextmanager
     async def _open(
@@ -234,15 +248,18 @@ class UpstreamSession:
         headers: Mapping[str, str],
         body: bytes | None,
         long_running: bool,
+        credential: str | None,
     ) -> AsyncIterator[UpstreamResponse]:
-        if pool.session is None:
+        session = pool.session if credential is None else pool.delegated
+        if session is None:
             raise UpstreamError(503, "upstream session is not started")
         sent = dict(headers)
-        if token := self._tokens.token():
+        token = self._tokens.token() if credential is None else credential
+        if token:
             sent["Authorization"] = f"Bearer {token}"
         async with (
             pool.slot(self.limits.upstream_wait) as release,
-            self._sent(pool.session, method, target, sent, body, long_running, release) as ok,
+            self._sent(session, method, target, sent, body, long_running, release) as ok,
         ):
             yield ok
 
@@ -293,6 +310,8 @@ class _Pool:
         self.in_use = 0
         """Connections held now (read by tests and by nothing on the request path)."""
         self.session: aiohttp.ClientSession | None = None
+        self.delegated: aiohttp.ClientSession | None = None
+        """Connections for requests under a driver's own token (no client certificate)."""
 
     @asynccontextmanager
     async def slot(self, wait: float) -> AsyncIterator[Callable[[], None]]:

@@ -23,7 +23,7 @@ from kubernetes.config.incluster_config import (
 
 from gatekeeper.apiserver import TOKEN_KINDS, APIServer
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import Policy
+from gatekeeper.policy import Policy, parse_policy
 from gatekeeper.server.config import token_ssl_context
 from gatekeeper.testing.harness import (
     GPU,
@@ -298,3 +298,70 @@ async def test_the_connection_counts_as_its_drivers(
             )
             == 1
         )
+
+
+WIDGETS = "/apis/example.com/v1/namespaces/gpu-system/widgets"
+WIDGET_KIND = """\
+  - group: example.com
+    resource: widgets
+    kind: Widget
+    scope: Namespaced
+    rule: DriverCredentials
+    verbs: [get, create]
+    versions:
+      - names: [v1]
+"""
+
+
+@pytest.fixture
+def credentials_policy(token_policy: Policy, tmp_path: Path) -> Policy:
+    """The token policy plus a CRD forwarded under the driver's own credentials."""
+    widgets = parse_policy(
+        "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\nkinds:\n" + WIDGET_KIND, "w.yaml"
+    ).kinds
+    return replace(token_policy, kinds={**token_policy.kinds, **widgets})
+
+
+async def test_a_kind_under_the_drivers_credentials_carries_its_token_not_the_nodes(
+    credentials_policy: Policy, pki: PKI
+) -> None:
+    """DESIGN §4.3a: the apiserver sees the driver's own token (it decides with the driver's
+    RBAC); the node's credential never goes with it, and the audit event says whose it was."""
+    api = APIServer((*served_kinds(credentials_policy), *TOKEN_KINDS), token=NODE_TOKEN)
+    await api.start()
+    try:
+        api.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        api.add({"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": "gpu-driver", "namespace": "gpu-system"}})  # fmt: skip
+        api.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-a",
+                 "namespace": "gpu-system"}, "spec": {"nodeName": NODE,
+                 "serviceAccountName": "gpu-driver"}})  # fmt: skip
+        async for gk in start(api, credentials_policy, pki):
+            bearer = token(api)
+            body = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}}
+            code, headers, _ = await call(gk, "POST", WIDGETS, bearer, body)
+            assert code == 201
+            (sent,) = [e for e in api.journal if e.path == WIDGETS]
+            authorization = {k.lower(): v for k, v in sent.headers.items()}["authorization"]
+            assert authorization == f"Bearer {bearer}" and NODE_TOKEN not in authorization
+            (event,) = [
+                e for e in gk.sink.by_id(headers["Audit-Id"]) if e["stage"] == "ResponseComplete"
+            ]
+            assert event["annotations"]["dra-gatekeeper.io/credentials"] == "driver"
+            assert bearer not in json.dumps(event)  # the token is never audited
+    finally:
+        await api.close()
+
+
+async def test_a_kind_under_the_drivers_credentials_is_refused_on_a_socket(
+    credentials_policy: Policy, cluster: APIServer, pki: PKI
+) -> None:
+    async with (
+        running_gatekeeper(cluster, credentials_policy, pki) as running,
+        running.unix_session(GPU) as session,
+        session.get(WIDGETS + "/w1") as answer,
+    ):
+        assert answer.status == 403
+        message = (await answer.json())["message"]
+    assert "a driver connected by unix shows none" in message
+    assert not [e for e in cluster.journal if e.path.startswith(WIDGETS)]

@@ -147,7 +147,7 @@ INVALID = [
     (
         "kind-twice",
         HEAD + "kinds:\n" + SLICES + SLICES,
-        "kinds[1]: resourceslices.resource.k8s.io is listed twice",
+        "kinds[1]: resourceslices.resource.k8s.io is listed twice under rule NodeLocal",
     ),
     (
         "scope-neither",

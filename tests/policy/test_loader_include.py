@@ -206,8 +206,9 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
         "kind-defined-again",
         {"root_yaml": HEAD + "include: [base.yaml]\nkinds:\n" + SLICES, "base_yaml": BASE},
         "root.yaml",
-        "kinds[0]: resourceslices.resource.k8s.io is defined by {dir}/base.yaml: kinds[0] "
-        "already: change it under `overrides` (a kind is defined once)",
+        "kinds[0]: resourceslices.resource.k8s.io (rule NodeLocal) is defined by {dir}/base.yaml: "
+        "kinds[0] "
+        "already: change it under `overrides` (a kind is defined once per rule)",
     ),
     (
         "kind-in-two-includes",
@@ -261,9 +262,9 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "base_yaml": BASE,
         },
         "root.yaml",
-        "overrides[0].rule: unknown key (allowed: apiserverImmutableConfirmed, encodings, fill, "
-        "group, listSelector, poolSeparators, resource, subresources, validations, variables, "
-        "verbs, versions)",
+        "overrides[0].rule: resourceslices.resource.k8s.io is listed under rule NodeLocal, not "
+        "AllocatedToDriver: an override names the rule of the entry it changes, it cannot change "
+        "a rule",
     ),
     (
         "override-of-nothing",

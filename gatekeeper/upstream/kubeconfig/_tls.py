@@ -50,12 +50,16 @@ class _ServerNameContext(ssl.SSLContext):
         )
 
 
-def build_ssl_context(cfg: UpstreamConfig) -> ssl.SSLContext | None:
+def build_ssl_context(
+    cfg: UpstreamConfig, *, client_certificate: bool = True
+) -> ssl.SSLContext | None:
     """The client TLS context for ``cfg.server``; None for http://.
 
     Verifies against the configured CA (else the system roots) unless insecure-skip-tls-verify;
-    presents the client certificate if any; with ``tls_server_name`` it checks (and sends as
-    SNI) that name instead of the URL's host. ConfigError if a CA or key cannot be loaded.
+    presents the client certificate if any (not with ``client_certificate`` False: a request
+    under a driver's own token must not also carry the gatekeeper's certificate, which the
+    apiserver would authenticate first); with ``tls_server_name`` it checks (and sends as SNI)
+    that name instead of the URL's host. ConfigError if a CA or key cannot be loaded.
     """
     if not cfg.server.startswith("https://"):
         return None
@@ -71,7 +75,8 @@ def build_ssl_context(cfg: UpstreamConfig) -> ssl.SSLContext | None:
         ctx.verify_mode = ssl.CERT_NONE
     else:
         _load_ca(ctx, cfg)
-    _load_client_cert(ctx, cfg)
+    if client_certificate:
+        _load_client_cert(ctx, cfg)
     return ctx
 
 

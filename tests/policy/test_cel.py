@@ -1,0 +1,270 @@
+"""CEL in the policy: compiled at load (a fault names the file, the key, the kind, the versions and
+the expression), evaluated with a ValidatingAdmissionPolicy's variables, failing closed, bounded,
+and never imported by a policy without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from gatekeeper.errors import ConfigError
+from gatekeeper.policy import Engine, parse_policy
+from gatekeeper.policy.cel import MAX_ITERATIONS, MAX_SOURCE
+from gatekeeper.request.requestinfo import parse_request
+from gatekeeper.testing.harness import decide_offline
+from gatekeeper.types import Identity, UserInfo
+
+NODE = "node-a"
+GPU = Identity("gpu.example.com", "unix")
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+POLICY = """\
+apiVersion: dra-gatekeeper.io/v1alpha1
+kind: Policy
+drivers: [gpu.example.com]
+kinds:
+  - group: resource.k8s.io
+    resource: resourceslices
+    kind: ResourceSlice
+    scope: Cluster
+    rule: NodeLocal
+    verbs: [get, create, update, patch, delete]
+{kind_keys}    versions:
+      - names: [v1beta2, v1]
+        driver: spec.driver
+        node: spec.nodeName
+        pool: spec.pool.name
+{version_keys}"""
+
+
+def policy(kind_keys: str = "", version_keys: str = "") -> Any:
+    kind = textwrap.indent(textwrap.dedent(kind_keys), "    ") if kind_keys else ""
+    version = textwrap.indent(textwrap.dedent(version_keys), "        ") if version_keys else ""
+    return parse_policy(POLICY.format(kind_keys=kind, version_keys=version), "p.yaml")
+
+
+def slice_v1(pool: str = "node-a/fpga-0", **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s1"},
+        "spec": {
+            "driver": GPU.driver,
+            "nodeName": NODE,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+            **extra,
+        },
+    }
+
+
+def create(engine_policy: Any, body: Any, who: Identity = GPU) -> Any:
+    return decide_offline(Engine(engine_policy, NODE), who, parse_request("POST", SLICES), body)
+
+
+FPGA = """\
+validations:
+  - name: fpga-pools
+    expression: object.spec.pool.name.startsWith(variables.node + '/fpga-')
+    message: this driver's pools are named <node>/fpga-*
+"""
+
+
+def test_a_validation_narrows_what_the_structural_rule_allows() -> None:
+    loaded = policy(version_keys=FPGA)
+    assert create(loaded, slice_v1()).allowed
+    refused = create(loaded, slice_v1(pool="node-a/gpus"))
+    assert (refused.allowed, refused.code, refused.validation) == (False, 403, "fpga-pools")
+    assert "resourceslices.resource.k8s.io v1 fpga-pools: this driver's pools" in refused.message
+    assert 'User "gpu.example.com" cannot create resource "resourceslices"' in refused.message
+
+
+def test_the_structural_rule_still_comes_first() -> None:
+    refused = create(policy(version_keys=FPGA), slice_v1(pool="node-b/fpga-0"))
+    assert not refused.allowed and refused.validation == ""
+    assert "is not prefixed by node name" in refused.reason
+
+
+@pytest.mark.parametrize(
+    ("validation", "code", "message"),
+    [
+        ("reason: Invalid\n  message: nope", 422, "nope"),
+        ("reason: Unauthorized", 401, "failed expression: false"),
+        ("reason: RequestEntityTooLarge", 413, "failed expression: false"),
+        ("messageExpression: \"'on ' + variables.node\"", 403, "on node-a"),
+        # A message expression that fails, or gives no string, falls back to the message.
+        ("messageExpression: 'object.nope'\n  message: fallback", 403, "fallback"),
+        ("messageExpression: \"''\"\n  message: fallback", 403, "fallback"),
+    ],
+    ids=["invalid", "unauthorized", "too-large", "message-expression", "bad-message-expression",
+         "empty-message-expression"],
+)  # fmt: skip
+def test_reason_and_message_as_an_admission_policy_gives_them(
+    validation: str, code: int, message: str
+) -> None:
+    keys = f"validations:\n- expression: 'false'\n  {validation}\n"
+    refused = create(policy(kind_keys=keys), slice_v1())
+    assert refused.code == code and refused.message.endswith(f"validations[0]: {message}")
+
+
+def test_variables_are_evaluated_in_order_and_read_by_later_ones() -> None:
+    keys = """\
+    variables:
+      - name: pool
+        expression: object.spec.pool.name
+      - name: suffix
+        expression: variables.pool.substring(size(variables.node) + 1)
+    validations:
+      - expression: variables.suffix.startsWith('fpga-')
+    """
+    loaded = policy(kind_keys=keys)
+    assert create(loaded, slice_v1()).allowed
+    assert not create(loaded, slice_v1(pool="node-a/gpus")).allowed
+
+
+def test_the_optional_syntax_of_drivers_admission_policies() -> None:
+    keys = """\
+    variables:
+      - name: userNode
+        expression: request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
+      - name: objectNode
+        expression: >-
+          (request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")
+    validations:
+      - expression: variables.userNode == variables.objectNode
+    """
+    assert create(policy(kind_keys=keys), slice_v1()).allowed
+
+
+def test_request_and_user_info_of_a_token_are_the_apiservers() -> None:
+    user = UserInfo(
+        "system:serviceaccount:gpu-system:plugin",
+        "uid-1",
+        ("system:serviceaccounts", "system:authenticated"),
+        {"authentication.kubernetes.io/pod-name": ("plugin-x",)},
+    )
+    token = Identity(GPU.driver, "token", user=user)
+    keys = """\
+    validations:
+      - expression: >-
+          request.operation == 'CREATE' && request.kind.kind == 'ResourceSlice' &&
+          request.resource.version == 'v1' && request.name == 's1' &&
+          request.userInfo.username == 'system:serviceaccount:gpu-system:plugin' &&
+          'system:authenticated' in request.userInfo.groups &&
+          variables.namespace == 'gpu-system' && variables.serviceAccount == 'plugin' &&
+          variables.pod == 'plugin-x' && variables.podUID == null &&
+          variables.driver == 'gpu.example.com' && variables.node == 'node-a'
+    """
+    assert create(policy(kind_keys=keys), slice_v1(), token).allowed
+    # The same rule for a socket caller: no token, so no ServiceAccount, no pod.
+    assert not create(policy(kind_keys=keys), slice_v1()).allowed
+
+
+def test_an_expression_that_fails_at_run_time_refuses_and_names_itself() -> None:
+    keys = "validations:\n  - name: reads-a-missing-field\n    expression: object.spec.nope == 1\n"
+    refused = create(policy(kind_keys=keys), slice_v1())
+    assert (refused.allowed, refused.code, refused.validation) == (False, 403, "reads-a-missing-field")
+    assert "reads-a-missing-field could not be evaluated" in refused.message
+    assert "a rule that cannot be evaluated refuses the request" in refused.message
+
+
+def test_a_failing_variable_refuses_and_names_itself() -> None:
+    keys = (
+        "variables:\n  - name: broken\n    expression: object.spec.nope\n"
+        "validations:\n  - expression: variables.broken == 1\n"
+    )
+    refused = create(policy(kind_keys=keys), slice_v1())
+    assert not refused.allowed and refused.validation == "variables.broken"
+
+
+def test_variables_are_lazy_as_in_an_admission_policy() -> None:
+    """A variable no evaluated expression reads is never evaluated: it cannot refuse."""
+    keys = (
+        "variables:\n  - name: broken\n    expression: object.spec.nope\n"
+        "  - name: fine\n    expression: object.spec.driver\n"
+        "validations:\n  - expression: variables.fine == variables.driver\n"
+    )
+    assert create(policy(kind_keys=keys), slice_v1()).allowed
+
+
+def test_the_iteration_budget_bounds_one_evaluation() -> None:
+    keys = "validations:\n  - expression: object.spec.devices.all(d, true)\n"
+    loaded = policy(kind_keys=keys)
+    assert create(loaded, slice_v1(devices=[{}] * (MAX_ITERATIONS - 1))).allowed
+    over = create(loaded, slice_v1(devices=[{}] * MAX_ITERATIONS * 2))
+    assert not over.allowed and "could not be evaluated" in over.message
+    assert "Iteration budget exceeded" in over.message
+
+
+@pytest.mark.parametrize(
+    ("kind_keys", "message"),
+    [
+        (
+            "validations:\n  - expression: 'object.spec =='\n",
+            "p.yaml: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: at 1:15: "
+            "Syntax error: mismatched input '<EOF>'",
+        ),
+        (
+            "validations:\n  - expression: \"'a' + 1\"\n",
+            "found no matching overload for '_+_' applied to '(string, int)'",
+        ),
+        (
+            "validations:\n  - expression: \"'x'\"\n",
+            "validations[0].expression: resourceslices.resource.k8s.io: must evaluate to a bool",
+        ),
+        ("validations:\n  - expression: variables.nod == 'x'\n", "reads variables.nod, which is not defined"),
+        ("validations:\n  - expression: quantity('1Gi') > 0\n", "undeclared reference to 'quantity'"),
+        ("validations:\n  - message: m\n", "validations[0].expression: is required"),
+        ("validations:\n  - expression: 'true'\n    reason: Nope\n", "'Nope' is not one of Forbidden"),
+        ("validations:\n  - expression: 'true'\n    message: \"a\\nb\"\n", "must be one line"),
+        ("variables:\n  - name: node\n    expression: '1'\n", "'node' is defined already"),
+        ("variables:\n  - name: 1x\n    expression: '1'\n", "'1x' is not a valid value"),
+        ("validations: []\n", "validations: must be a non-empty list when given"),
+        (f"validations:\n  - expression: \"{'true && ' * (MAX_SOURCE // 8)}true\"\n", "characters long (at most 5120)"),
+    ],
+    ids=["syntax", "type", "not-bool", "unknown-variable", "kubernetes-library", "no-expression",
+         "bad-reason", "two-line-message", "shadows-built-in", "bad-name", "empty", "too-long"],
+)  # fmt: skip
+def test_a_bad_expression_is_a_load_error_naming_where(kind_keys: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        policy(kind_keys=kind_keys)
+    assert message in str(caught.value)
+
+
+def test_a_version_level_error_names_the_versions() -> None:
+    with pytest.raises(ConfigError) as caught:
+        policy(version_keys="validations:\n  - expression: 'object.spec =='\n")
+    assert "p.yaml: kinds[0].versions[0].validations[0].expression: resourceslices" in str(
+        caught.value
+    )
+    assert "resourceslices.resource.k8s.io v1beta2, v1: at 1:15: Syntax error" in str(caught.value)
+
+
+def test_too_many_expressions_for_one_version_are_refused() -> None:
+    keys = "validations:\n" + "".join("  - expression: 'true'\n" for _ in range(65))
+    with pytest.raises(ConfigError, match="has 65 CEL expressions"):
+        policy(kind_keys=keys)
+
+
+def test_deletecollection_cannot_be_allowed_with_cel() -> None:
+    text = POLICY.format(kind_keys="    validations: [{expression: 'true'}]\n", version_keys="")
+    text = text.replace("[get, create, update, patch, delete]", "[get, deletecollection]")
+    with pytest.raises(ConfigError, match="deletecollection cannot be allowed"):
+        parse_policy(text, "p.yaml")
+
+
+def test_a_policy_without_cel_never_imports_the_runtime() -> None:
+    probe = (
+        "import sys\n"
+        "from gatekeeper.policy import load_policy\n"
+        "load_policy(None)\n"
+        "print('cel_expr_python' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    policy(version_keys=FPGA)
+    assert "cel_expr_python" in sys.modules
