@@ -56,6 +56,7 @@ KIND_KEYS = {
     "fill",
     "poolSeparators",
     "encodings",
+    "readAcrossNodes",
     CONFIRMED,
     *KIND_CEL_KEYS,
 }
@@ -65,7 +66,7 @@ _REQUIRED = ("group", "resource", "kind", "scope", "rule", "verbs", "versions")
 OVERRIDE_KEYS = KIND_KEYS - {"kind", "scope"}
 """``rule`` in an override selects which entry of a kind listed under two rules it changes; it
 never changes a rule."""
-_NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators")
+_NODE_LOCAL_ONLY = ("listSelector", "fill", "poolSeparators", "readAcrossNodes")
 # The keys only some rules read, by rule (every other rule refuses them).
 _RULE_KEYS = {KindRule.NODE_LOCAL: set(_NODE_LOCAL_ONLY), KindRule.ON_NODE: {"listSelector"}}
 _VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
@@ -179,6 +180,7 @@ def build_kind(raw: RawKind) -> KindSpec:
         pool_separators=separators,
         encodings=_encodings(raw),
         apiserver_immutable_confirmed=confirmed,
+        read_across_nodes=_flag(raw, "readAcrossNodes"),
     )
 
 
@@ -194,6 +196,15 @@ def _strings(raw: RawKind, name: str) -> list[str]:
         return []
     loc = raw.keys[name]
     return loc.ctx.string_list(loc.value, loc.key)
+
+
+def _flag(raw: RawKind, name: str) -> bool:
+    loc = raw.keys.get(name)
+    if loc is None:
+        return False
+    if not isinstance(loc.value, bool):
+        loc.fail("must be true or false")
+    return loc.value
 
 
 def _fill(raw: RawKind) -> list[Field]:

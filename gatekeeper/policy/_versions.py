@@ -37,7 +37,15 @@ _VERSION_NAME = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
 APISERVER_IMMUTABLE = "apiserverImmutable"
 LEGACY_IMMUTABLE = "immutable"
 """The deprecated name of ``apiserverImmutable``, read in deprecated-format files only."""
-VERSION_KEYS = {"driver", "node", "pool", "forbidden", "fieldSelectors", APISERVER_IMMUTABLE}
+VERSION_KEYS = {
+    "driver",
+    "node",
+    "pool",
+    "forbidden",
+    "fieldSelectors",
+    APISERVER_IMMUTABLE,
+    "nodeSelector",
+}
 """The keys of a NodeLocal version (besides ``names``)."""
 # AllocatedToDriver versions: policy key -> AllocationPaths field (all required: no kind's
 # field names are compiled in as defaults).
@@ -231,12 +239,18 @@ def _parse_version(
             ctx.string_list(spec.get("forbidden", []), join_key(key, "forbidden"))
         )
     )
+    node_selector = None
+    if "nodeSelector" in spec:
+        node_selector = ctx.path(spec["nodeSelector"], join_key(key, "nodeSelector"))
+        if node_selector in forbidden:
+            ctx.fail(join_key(key, "nodeSelector"), "is also listed under forbidden")
     return VersionSpec(
         paths=paths,
         selectors=selectors,
         forbidden=forbidden,
         apiserver_immutable=_apiserver_immutable(ctx, key, spec, paths),
         pool_separators=separators,
+        node_selector=node_selector,
     )
 
 

@@ -215,7 +215,8 @@ class Engine:
         settles on what it names (another node's Node, another pod, another namespace)."""
         driver, rule = identity.driver, kind.rule
         if rule is KindRule.NODE_LOCAL:
-            return NodeLocalOwner(version, driver, self.node_name)
+            any_node = kind.read_across_nodes and info.verb == "get"
+            return NodeLocalOwner(version, driver, self.node_name, any_node=any_node)
         if rule is KindRule.ALLOCATED_TO_DRIVER:
             assert version.allocation is not None  # the loader sets it for this rule
             labels = node_labels_with_hostname(self.node_name, self.node_labels)
@@ -360,9 +361,14 @@ class Engine:
             )
         if kind.rule is KindRule.DRIVER_NAMESPACE:
             return allow("objects in the driver's namespace", info)
-        wanted = {plan.version.selectors[Field.NODE]: self.node_name}
+        selectors = plan.version.selectors
+        wanted = {selectors[Field.NODE]: self.node_name}
         if kind.rule is KindRule.NODE_LOCAL:
-            wanted = {plan.version.selectors[Field.DRIVER]: plan.driver, **wanted}
+            wanted = {selectors[Field.DRIVER]: plan.driver, **wanted}
+            if kind.read_across_nodes and info.verb != "deletecollection":
+                # The driver's own objects on every node (readAcrossNodes): a node-owned slice
+                # of ReconcilePoolWithName has no node name to select on.
+                del wanted[selectors[Field.NODE]]
         return self._pin_selector(plan, wanted)
 
     def _pin_selector(self, plan: Plan, wanted: Mapping[str, str]) -> Decision:
@@ -383,7 +389,9 @@ class Engine:
                 return forbid(driver, info, f'fieldSelector pins {key}="{other}", not "{want}"')
             if not pinned:
                 missing.append(FieldRequirement(key, "=", want))
-        what = "the driver and this node" if len(wanted) > 1 else "this node"
+        what = " and ".join(
+            "the driver" if value == plan.driver else "this node" for value in wanted.values()
+        )
         if not missing:
             return allow(f"field selector pins {what}", info)
         if kind.list_selector is ListSelectorMode.INJECT:

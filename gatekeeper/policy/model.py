@@ -224,6 +224,9 @@ class VersionSpec:
     """The CEL variables and validations of the kind and this version, and rule CEL's scope."""
     may_change: tuple[Changeable, ...] = ()
     """What a write of an OwnNode or OwnPod object may change; everything else stays as stored."""
+    node_selector: FieldPath | None = None
+    """NodeLocal: where an object may name its node by a node selector instead (a node-owned
+    ResourceSlice of ``ReconcilePoolWithName``): one naming this node and no other."""
 
     @property
     def owner_fields_immutable(self) -> bool:
@@ -251,6 +254,9 @@ class KindSpec:
     """The policy confirms (``apiserverImmutableConfirmed``) that this kind, outside the
     :data:`BUILT_IN_GROUPS`, has its apiserver refuse changes to the ``apiserverImmutable``
     fields (a CRD validation rule), so its versions may assert it."""
+    read_across_nodes: bool = False
+    """NodeLocal: a driver reads its own objects on every node (``readAcrossNodes``): a list or
+    watch pins only the driver, a get checks only the driver. Writes stay node-local."""
     alternatives: tuple[KindSpec, ...] = ()
     """The same resource listed under other rules, each with verbs of its own (Pods read on
     this node by rule OnNode, the caller's own pod patched by rule OwnPod)."""

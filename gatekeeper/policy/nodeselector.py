@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["HOSTNAME_LABEL", "node_labels_with_hostname", "selects_node"]
+__all__ = ["HOSTNAME_LABEL", "names_only", "node_labels_with_hostname", "selects_node"]
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 _NODE_NAME_FIELD = "metadata.name"
@@ -103,3 +103,28 @@ def _label_matches(req: Any, labels: Mapping[str, str]) -> bool:
             return False
         return have > bound if operator == "Gt" else have < bound
     return False  # DoesNotExist on a label that exists, or an unknown operator
+
+
+def names_only(selector: Any, node_name: str) -> bool:
+    """True when ``selector`` selects exactly the node ``node_name`` and can select no other:
+    one term with one requirement, ``matchFields`` ``metadata.name In [node_name]``.
+
+    Labels are never enough: a label (even ``kubernetes.io/hostname``) is what a node says of
+    itself, so another node could carry the same one.
+    """
+    if not isinstance(selector, dict) or set(selector) != {"nodeSelectorTerms"}:
+        return False
+    terms = selector["nodeSelectorTerms"]
+    if not isinstance(terms, list) or len(terms) != 1 or not isinstance(terms[0], dict):
+        return False
+    term = terms[0]
+    if term.get("matchExpressions") or set(term) - {"matchFields", "matchExpressions"}:
+        return False
+    fields = term.get("matchFields")
+    if not isinstance(fields, list) or len(fields) != 1:
+        return False
+    return _requirement(fields[0]) == (_NODE_NAME_FIELD, "In", [node_name]) and set(fields[0]) == {
+        "key",
+        "operator",
+        "values",
+    }

@@ -10,7 +10,7 @@ from gatekeeper.policy.admission import CelContext
 from gatekeeper.policy.cel import CelRules
 from gatekeeper.policy.changes import forbidden_change
 from gatekeeper.policy.model import Changeable, VersionSpec
-from gatekeeper.policy.ownership import ownership_violation
+from gatekeeper.policy.ownership import driver_violation, ownership_violation
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -33,8 +33,13 @@ class NodeLocalOwner:
     driver: str
     node: str
     hidden: bool = False
+    any_node: bool = False
+    """A read of a kind whose drivers read their own objects on every node
+    (``readAcrossNodes``): the stored object need only be the caller's."""
 
     def stored(self, obj: KubeObject) -> str | None:
+        if self.any_node:
+            return driver_violation(self.version, obj, self.driver)
         return ownership_violation(self.version, obj, self.driver, self.node, stored=True)
 
     def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:

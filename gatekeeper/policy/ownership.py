@@ -11,9 +11,16 @@ import copy
 from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, set_field
 from gatekeeper.codec.selectors import FieldRequirement
 from gatekeeper.policy.model import STRICT_POOL_SEPARATORS, Field, KindSpec, VersionSpec
+from gatekeeper.policy.nodeselector import names_only
 from gatekeeper.types import KubeObject
 
-__all__ = ["collection_pool_violation", "fill_missing", "ownership_violation", "pool_name_ok"]
+__all__ = [
+    "collection_pool_violation",
+    "driver_violation",
+    "fill_missing",
+    "ownership_violation",
+    "pool_name_ok",
+]
 
 _NAME: FieldPath = ("metadata", "name")
 
@@ -72,10 +79,10 @@ def ownership_violation(
     whose = "the stored object's " if stored else ""
     driver_path = version.paths[Field.DRIVER]
     node_path = version.paths[Field.NODE]
-    problem = _exact(obj, driver_path, driver, "the calling driver", whose) or _exact(
-        obj, node_path, node, "this node", whose
-    )
+    problem = _exact(obj, driver_path, driver, "the calling driver", whose)
     if problem:
+        return problem
+    if problem := _node(version, obj, node, whose):
         return problem
     pool_path = version.paths.get(Field.POOL)
     if pool_path is not None and (problem := _pool(version, obj, pool_path, node, whose)):
@@ -90,6 +97,37 @@ def ownership_violation(
                 f"for its own node ({'.'.join(node_path)})"
             )
     return None
+
+
+def _node(version: VersionSpec, obj: KubeObject, node: str, whose: str) -> str | None:
+    """The object is this node's: its node field names it, or (where the version has a
+    ``nodeSelector`` path and the node field is empty) its node selector names this node and
+    no other, and any owner reference to a Node is to this one."""
+    node_path, selector_path = version.paths[Field.NODE], version.node_selector
+    value = get_field(obj, node_path)
+    if selector_path is None or value not in (MISSING, None, ""):
+        return _exact(obj, node_path, node, "this node", whose)
+    selector = get_field(obj, selector_path)
+    dotted = ".".join(selector_path)
+    if selector is MISSING or selector is None:
+        return _exact(obj, node_path, node, "this node", whose)
+    if not names_only(selector, node):
+        return (
+            f"{whose}{dotted} must name this node and no other (one term: matchFields "
+            f'metadata.name In ["{node}"])'
+        )
+    for owner in get_field(obj, ("metadata", "ownerReferences")) or []:
+        if isinstance(owner, dict) and owner.get("kind") == "Node" and owner.get("name") != node:
+            return (
+                f'{whose}metadata.ownerReferences names Node "{owner.get("name")}", not this node'
+            )
+    return None
+
+
+def driver_violation(version: VersionSpec, obj: KubeObject, driver: str) -> str | None:
+    """Why the stored ``obj`` is not ``driver``'s (on any node); None when it is."""
+    path = version.paths[Field.DRIVER]
+    return _exact(obj, path, driver, "the calling driver", "the stored object's ")
 
 
 def fill_missing(
