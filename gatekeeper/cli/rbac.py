@@ -1,11 +1,18 @@
-"""``dra-gatekeeper policy rbac``: the ClusterRole the gatekeeper's credentials need for a policy.
+"""``dra-gatekeeper policy rbac``: the RBAC a policy needs outside the gatekeeper.
 
-Exactly what the policy can forward, and no more: each kind's verbs (plus ``get`` where a write
-fetches the stored object first, ``list`` where a filtered watch is primed by a list), its
-subresources, discovery, and for status writes of allocated claims the RBAC-only
-``resourceclaims/driver`` check of Kubernetes 1.36 (``associated-node:update``/``:patch`` with
-the drivers as resource names), and ``tokenreviews create`` when the policy maps service
-accounts to drivers. ``deploy/clusterrole.yaml`` is this command's output.
+Exactly what the policy can forward, and no more:
+
+- the gatekeeper's ClusterRole: each kind's verbs (plus ``get`` where a write fetches the stored
+  object first, ``list`` where a filtered watch is primed by a list), its subresources,
+  discovery, and for status writes of allocated claims the RBAC-only ``resourceclaims/driver``
+  check of Kubernetes 1.36 (``associated-node:update``/``:patch`` with the drivers as resource
+  names), and ``tokenreviews create`` when the policy maps service accounts to drivers.
+  ``deploy/clusterrole.yaml`` is this for the default policy;
+- for kinds of rule DriverNamespace, a Role and a RoleBinding for the gatekeeper in each
+  namespace the policy maps a driver's ServiceAccount to (not a cluster-wide grant);
+- for kinds of rule DriverCredentials, what each driver's own ServiceAccount needs: the
+  gatekeeper forwards those requests with the driver's token, so the apiserver checks the
+  driver's RBAC, never the gatekeeper's.
 """
 
 from __future__ import annotations
@@ -22,11 +29,32 @@ from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER, KindRule, KindSpec
 from gatekeeper.usage import UsageParser
 
-__all__ = ["ROLE_NAME", "cluster_role", "render_cluster_role", "run_policy_command"]
+__all__ = [
+    "ROLE_NAME",
+    "cluster_role",
+    "driver_roles",
+    "namespace_roles",
+    "render_cluster_role",
+    "render_rbac",
+    "run_policy_command",
+]
 
 ROLE_NAME = "dra-gatekeeper"
 _PROG = "dra-gatekeeper policy"
 _FETCHING_VERBS = frozenset({"get", "update", "patch", "delete"})
+_SELF = "kube-system/dra-gatekeeper"
+"""The gatekeeper's own ServiceAccount in deploy/ (namespace/name)."""
+# Rules whose requests carry the gatekeeper's credentials cluster-wide (its ClusterRole).
+_CLUSTER_WIDE = frozenset(
+    {
+        KindRule.NODE_LOCAL,
+        KindRule.ALLOCATED_TO_DRIVER,
+        KindRule.OWN_NODE,
+        KindRule.OWN_POD,
+        KindRule.ON_NODE,
+        KindRule.CEL,
+    }
+)
 _SUBRESOURCE_VERBS = ("get", "patch", "update")
 # "/version/" too: the official Python client asks for it (the others end in "*", which covers
 # "/api/" and "/apis/<group>/"), as the apiserver's own system:public-info-viewer lists it.
@@ -45,10 +73,10 @@ def _kind_rules(spec: KindSpec, drivers: frozenset[str]) -> list[dict[str, Any]]
     if spec.rule is KindRule.ALLOCATED_TO_DRIVER:
         writes = verbs & {"update", "patch"}
         verbs -= {"update", "patch"}  # claim writes go to the status subresource only
-        if "watch" in verbs:
-            verbs.add("list")  # a filtered watch is primed by a list at its resourceVersion
     else:
         writes = set()
+    if spec.rule in (KindRule.ALLOCATED_TO_DRIVER, KindRule.CEL) and "watch" in verbs:
+        verbs.add("list")  # a filtered watch is primed by a list at its resourceVersion
     group = spec.group
     rules: list[dict[str, Any]] = [
         {"apiGroups": [group], "resources": [spec.resource], "verbs": _sorted_verbs(verbs)}
@@ -80,7 +108,9 @@ def cluster_role(policy: Policy, name: str = ROLE_NAME) -> dict[str, Any]:
     """The ClusterRole (a plain dict) that lets the gatekeeper forward what ``policy`` allows."""
     rules: list[dict[str, Any]] = []
     for key in sorted(policy.kinds):
-        rules.extend(_kind_rules(policy.kinds[key], policy.drivers))
+        for entry in policy.kinds[key].entries:
+            if entry.rule in _CLUSTER_WIDE:
+                rules.extend(_kind_rules(entry, policy.drivers))
     if policy.service_accounts:
         # Drivers identified by their own service-account token: the gatekeeper asks the
         # apiserver who holds it (as system:auth-delegator allows, without the SAR half).
@@ -98,6 +128,117 @@ def cluster_role(policy: Policy, name: str = ROLE_NAME) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gatekeeper"}},
         "rules": rules,
     }
+
+
+def _entries(policy: Policy, rule: KindRule) -> list[KindSpec]:
+    return [
+        entry
+        for key in sorted(policy.kinds)
+        for entry in policy.kinds[key].entries
+        if entry.rule is rule
+    ]
+
+
+def _binding(
+    kind: str, name: str, namespace: str, subjects: list[tuple[str, str]]
+) -> dict[str, Any]:
+    binding: dict[str, Any] = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": f"{kind}Binding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gatekeeper"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": where}
+            for where, account in subjects
+        ],
+    }
+    if namespace:
+        binding["metadata"]["namespace"] = namespace
+    return binding
+
+
+def namespace_roles(
+    policy: Policy, service_account: str = _SELF, name: str = ROLE_NAME
+) -> list[dict[str, Any]]:
+    """A Role and its RoleBinding for the gatekeeper (``service_account``, namespace/name) in
+    each namespace a DriverNamespace kind is reached in: the namespaces of the ServiceAccounts
+    the policy maps to drivers."""
+    kinds = _entries(policy, KindRule.DRIVER_NAMESPACE)
+    if not kinds:
+        return []
+    rules = [rule for spec in kinds for rule in _kind_rules(spec, policy.drivers)]
+    namespaces = sorted({user.split(":")[2] for user in policy.service_accounts})
+    own_namespace, own_name = service_account.split("/", 1)
+    out: list[dict[str, Any]] = []
+    for namespace in namespaces:
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/name": "dra-gatekeeper"},
+            },
+            "rules": rules,
+        }
+        out += [role, _binding("Role", name, namespace, [(own_namespace, own_name)])]
+    return out
+
+
+def driver_roles(policy: Policy) -> list[dict[str, Any]]:
+    """For each driver with kinds of rule DriverCredentials: the ClusterRole its own
+    ServiceAccounts need for them, and the binding to those accounts. The gatekeeper forwards
+    these requests with the driver's token: it needs none of this itself."""
+    kinds = _entries(policy, KindRule.DRIVER_CREDENTIALS)
+    if not kinds:
+        return []
+    out: list[dict[str, Any]] = []
+    for driver in sorted({d for d in policy.service_accounts.values()}):
+        accounts = sorted(
+            (user.split(":")[2], user.split(":")[3])
+            for user, mapped in policy.service_accounts.items()
+            if mapped == driver
+        )
+        name = f"dra-gatekeeper:driver:{driver}"
+        rules: list[dict[str, Any]] = []
+        for spec in kinds:
+            rules.append({"apiGroups": [spec.group], "resources": [spec.resource],
+                          "verbs": _sorted_verbs(set(spec.verbs))})  # fmt: skip
+            for sub in sorted(spec.subresources):
+                verbs = set(spec.verbs) & set(_SUBRESOURCE_VERBS)
+                rules.append({"apiGroups": [spec.group], "resources": [f"{spec.resource}/{sub}"],
+                              "verbs": _sorted_verbs(verbs)})  # fmt: skip
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gatekeeper"}},
+            "rules": rules,
+        }
+        out += [role, _binding("ClusterRole", name, "", accounts)]
+    return out
+
+
+def render_rbac(policy: Policy, name: str = ROLE_NAME, service_account: str = _SELF) -> str:
+    """Everything :func:`cluster_role`, :func:`namespace_roles` and :func:`driver_roles` say,
+    as YAML documents, each part under a comment saying whose it is."""
+    parts = [render_cluster_role(policy, name)]
+    if roles := namespace_roles(policy, service_account, name):
+        parts.append(
+            "# The gatekeeper's rights on rule DriverNamespace kinds, only in the namespaces the "
+            "policy maps drivers' ServiceAccounts to.\n" + _dump_all(roles)
+        )
+    if roles := driver_roles(policy):
+        parts.append(
+            "# What each driver's OWN ServiceAccount needs: rule DriverCredentials kinds are "
+            "forwarded with the driver's token, and the apiserver checks the driver's RBAC.\n"
+            + _dump_all(roles)
+        )
+    return "---\n".join(parts)
+
+
+def _dump_all(documents: list[dict[str, Any]]) -> str:
+    dumped: str = yaml.safe_dump_all(documents, sort_keys=False, width=100)
+    return dumped
 
 
 def render_cluster_role(policy: Policy, name: str = ROLE_NAME) -> str:
@@ -125,6 +266,12 @@ def _parser() -> argparse.ArgumentParser:
         "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
     )
     rbac.add_argument("--name", default=ROLE_NAME, help=f"ClusterRole name (default {ROLE_NAME})")
+    rbac.add_argument(
+        "--service-account",
+        default=_SELF,
+        metavar="NAMESPACE/NAME",
+        help=f"the gatekeeper's own ServiceAccount, bound by the Roles (default {_SELF})",
+    )
     return parser
 
 
@@ -144,5 +291,12 @@ def run_policy_command(args: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_cluster_role(policy, ns.name))
+    namespace, _, account = ns.service_account.partition("/")
+    if not namespace or not account:
+        print(
+            f"{_PROG}: --service-account {ns.service_account!r} is not NAMESPACE/NAME",
+            file=sys.stderr,
+        )
+        return 2
+    sys.stdout.write(render_rbac(policy, ns.name, ns.service_account))
     return 0

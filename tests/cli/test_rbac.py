@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatekeeper.cli.rbac import cluster_role, run_policy_command
+from gatekeeper.cli.main import main
+from gatekeeper.cli.rbac import cluster_role, driver_roles, namespace_roles, run_policy_command
 from gatekeeper.policy import load_policy, parse_policy
 
 WIDGETS = """
@@ -130,3 +131,53 @@ def test_mapped_service_accounts_add_token_reviews_only() -> None:
     }
     assert review not in plain["rules"]
     assert [rule for rule in mapped["rules"] if rule not in plain["rules"]] == [review]
+
+
+RULES_POLICY = Path(__file__).resolve().parents[1] / "policy" / "rules" / "rules.yaml"
+
+
+def test_every_rule_of_the_language_gets_its_rights_where_they_belong() -> None:
+    """Gatekeeper-decided kinds in its ClusterRole; DriverNamespace kinds only in the drivers'
+    namespaces (Roles bound to the gatekeeper); DriverCredentials kinds only in the drivers' own
+    ClusterRoles (bound to their ServiceAccounts), never the gatekeeper's."""
+    policy = load_policy(str(RULES_POLICY))
+    cluster = cluster_role(policy)["rules"]
+    resources = {r for rule in cluster for r in rule.get("resources", [])}
+    assert {"nodes", "pods", "devicetaintrules", "resourceslices"} <= resources
+    assert not resources & {"events", "leases", "widgets", "widgets/status"}
+    taints = next(r for r in cluster if r.get("resources") == ["devicetaintrules"])
+    assert taints["verbs"] == ["get", "list", "watch", "create", "update", "patch", "delete"]
+    node = next(r for r in cluster if r.get("resources") == ["nodes"])
+    assert node["verbs"] == ["get", "update", "patch"]
+    roles = namespace_roles(policy, "kube-system/gk")
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in roles] == [
+        ("Role", "fpga-system"), ("RoleBinding", "fpga-system"),
+        ("Role", "gpu-system"), ("RoleBinding", "gpu-system"),
+    ]  # fmt: skip
+    assert roles[1]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gk", "namespace": "kube-system"}
+    ]
+    assert {r["resources"][0] for r in roles[0]["rules"]} == {"events", "leases"}
+    drivers = driver_roles(policy)
+    gpu_role, gpu_binding = drivers[2], drivers[3]
+    assert gpu_role["metadata"]["name"] == "dra-gatekeeper:driver:gpu.example.com"
+    assert gpu_role["rules"] == [
+        {"apiGroups": ["example.com"], "resources": ["widgets"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+        {"apiGroups": ["example.com"], "resources": ["widgets/status"],
+         "verbs": ["get", "update", "patch"]},
+    ]  # fmt: skip
+    assert gpu_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "plugin", "namespace": "gpu-system"}
+    ]
+
+
+def test_the_command_prints_each_part_under_its_comment(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "rbac", "--policy", str(RULES_POLICY)]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in documents] == [
+        "ClusterRole", "Role", "RoleBinding", "Role", "RoleBinding",
+        "ClusterRole", "ClusterRoleBinding", "ClusterRole", "ClusterRoleBinding",
+    ]  # fmt: skip
+    assert main(["policy", "rbac", "--policy", str(RULES_POLICY), "--service-account", "x"]) == 2
+    assert "--service-account 'x' is not NAMESPACE/NAME" in capsys.readouterr().err
