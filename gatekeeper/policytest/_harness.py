@@ -26,11 +26,12 @@ import aiohttp
 import yarl
 
 from gatekeeper.apiserver import TOKEN_KINDS, APIServer, JournalEntry, Store
+from gatekeeper.audit import AuditLevel
 from gatekeeper.audit.event import VALIDATION_ANNOTATION
 from gatekeeper.cli.certs import create_ca, issue_server_cert, write_pem
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.policytest._model import MalformedTest, TestCase, TestFile
-from gatekeeper.server.config import ServeConfig, token_ssl_context
+from gatekeeper.server.config import AuditSettings, ServeConfig, token_ssl_context
 from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
@@ -127,8 +128,9 @@ class Harness:
     with that ServiceAccount's token to the token listener.
     """
 
-    def __init__(self, test_file: TestFile) -> None:
+    def __init__(self, test_file: TestFile, audit_level: AuditLevel = AuditLevel.METADATA) -> None:
         self.file = test_file
+        self._audit_level = audit_level
         drivers = {case.driver for case in test_file.cases if case.token is None}
         self._drivers = sorted((drivers | set(test_file.policy.drivers)) - {"*"})
         self._tokens = any(case.token is not None for case in test_file.cases)
@@ -173,6 +175,7 @@ class Harness:
             listen_token=("127.0.0.1", 0) if self._tokens else None,
             token_tls=token_tls,
             token_cache_ttl=0.001,  # every case reviews its token: cases are independent
+            audit=AuditSettings(level=self._audit_level),
         )
         self._server = GatekeeperServer(config, audit=self._sink)
         await self._server.start()
@@ -209,6 +212,11 @@ class Harness:
             self._server = None
         await self.apiserver.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The audit events of the case run last, as the gatekeeper wrote them."""
+        return list(self._sink.events)
 
     def reset(self, case: TestCase) -> None:
         """An empty store holding only ``case.existing``, an empty journal, no events."""

@@ -76,6 +76,8 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
             f'"{node_name}" ({NODE_NAME_EXTRA})',
         )
     peer = {"serviceAccount": user}
+    if outcome.uid:
+        peer["serviceAccountUID"] = outcome.uid
     for fact, extra in _TOKEN_FACTS.items():
         if extra is not None and (values := outcome.extra.get(extra)):
             peer[fact] = values[0]

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gatekeeper.audit.event import VALIDATION_ANNOTATION
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.audit.tools.replay import BASES, ObjectMemory, method_of, patch_type
 from gatekeeper.errors import Refusal
-from gatekeeper.policy import Decision, Engine, Policy
+from gatekeeper.policy import Decision, Engine, KindRule, Policy
 from gatekeeper.policy.conversation import conversation, converse
 from gatekeeper.policy.decision import deny
 from gatekeeper.policy.plan import Preview
@@ -47,6 +48,8 @@ _UNRECORDED = (
     ),
     (re.compile(r"^connection upgrades"), "refused for a connection upgrade (not in the log)"),
 )
+_CEL_WITHOUT_OBJECT = "decided by CEL on an object the log does not carry"
+_CEL_SCOPED = "cel-scoped"
 _NOT_ON_NODE = "is not allowed on node"
 _IMPERSONATION = deny(403, "header Impersonate-User is not allowed")
 
@@ -110,6 +113,12 @@ def check_records(
         else:
             decision, basis = _decide(engine, memory, record, record.driver, node)
         after = "allow" if decision.allowed else "forbid"
+        cel = decision.validation or record.annotations.get(VALIDATION_ANNOTATION)
+        if basis == _CEL_SCOPED or (basis == "metadata" and cel):
+            # CEL decides on the object, and a Metadata-level log has none: an assumed object
+            # says nothing about what the validation would have found.
+            report.skipped[_CEL_WITHOUT_OBJECT] += 1
+            continue
         if basis == "metadata" and after == "allow" and record.decision == "forbid":
             # Allowed only under the assumption that the object is the caller's: unknown.
             report.skipped[_UNDETERMINED] += 1
@@ -152,7 +161,7 @@ def _decide(
 ) -> tuple[Decision, str]:
     """The proxy's conversation with the engine, the log as its readers: the recorded body, the
     object as the log last showed it, the apiserver's recorded answer as a preview's."""
-    identity = Identity(driver=driver, transport=record.transport or "unix")
+    identity = Identity(driver=driver, transport=record.transport or "unix", user=record.token_user)
     try:
         info = parse_request(method_of(record.verb), record.request_uri)
     except Refusal as refusal:
@@ -182,6 +191,10 @@ def _decide(
     talk = conversation(engine, identity, info, plain_json=True)
     decision = converse(talk, body=body, fetch=fetch, preview=preview)
     memory.remember(record, info)
+    kind = engine.policy.kind_for(info.api_group, info.resource, info.verb)
+    if basis[0] == "metadata" and kind is not None and kind.rule is KindRule.CEL:
+        # Whose the object is, only the object shows (its CEL scope): nothing is assumed.
+        return decision, _CEL_SCOPED
     return decision, basis[0]
 
 

@@ -17,11 +17,10 @@ from typing import IO, Any, cast
 from gatekeeper.audit.event import (
     CONTENT_TYPE_ANNOTATION,
     DECISION_ANNOTATION,
-    NODE_NAME_EXTRA,
     REASON_ANNOTATION,
 )
 from gatekeeper.errors import ConfigError
-from gatekeeper.types import DRIVERS_GROUP
+from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, UserInfo
 
 __all__ = [
     "FINAL_STAGES",
@@ -80,6 +79,9 @@ class Record:
     impersonated: bool = False
     """The kube-apiserver served it as another user (``impersonatedUser``): the caller sent
     ``Impersonate-*`` headers."""
+    token_user: UserInfo | None = None
+    """A token caller as the apiserver reviewed it, rebuilt from the event's peer facts (what
+    CEL reads as ``request.userInfo``): None for a socket or certificate caller."""
 
     @property
     def resource_key(self) -> str:
@@ -208,7 +210,36 @@ def to_record(event: Mapping[str, Any], driver_users: Mapping[str, str]) -> Reco
         response_object=event.get("responseObject"),
         annotations=annotations,
         impersonated=bool(event.get("impersonatedUser")),
+        token_user=_token_user(extra) if gatekeeper else None,
     )
+
+
+_PEER = "dra-gatekeeper.io/peer-"
+# Peer facts of a token caller → the TokenReview extra they came from.
+_TOKEN_EXTRAS = {
+    "podName": "authentication.kubernetes.io/pod-name",
+    "podUID": "authentication.kubernetes.io/pod-uid",
+    "nodeName": NODE_NAME_EXTRA,
+    "credentialID": "authentication.kubernetes.io/credential-id",
+}
+
+
+def _token_user(extra: Mapping[str, Any]) -> UserInfo | None:
+    """The reviewed user of a token caller: its ServiceAccount, the groups the apiserver gives
+    every ServiceAccount token, and the extras the event kept."""
+    username = _first(extra.get(f"{_PEER}serviceAccount"))
+    if _first(extra.get("dra-gatekeeper.io/transport")) != "token" or not username:
+        return None
+    namespace = username.split(":")[2] if username.count(":") == 3 else ""
+    groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+              "system:authenticated")  # fmt: skip
+    extras = {
+        key: (value,)
+        for fact, key in _TOKEN_EXTRAS.items()
+        if (value := _first(extra.get(f"{_PEER}{fact}")))
+    }
+    uid = _first(extra.get(f"{_PEER}serviceAccountUID"))
+    return UserInfo(username, uid, groups, extras)
 
 
 def iter_records(

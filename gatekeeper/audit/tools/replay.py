@@ -21,10 +21,10 @@ from typing import Any
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.codec.jsonpath import set_field
 from gatekeeper.policy import Policy
-from gatekeeper.policy.model import Field
+from gatekeeper.policy.model import Field, KindRule
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH
 from gatekeeper.request.requestinfo import RequestInfo
-from gatekeeper.types import KubeObject
+from gatekeeper.types import POD_UID_EXTRA, KubeObject
 
 __all__ = ["BASES", "Inputs", "ObjectMemory", "method_of", "patch_type"]
 
@@ -97,14 +97,15 @@ class ObjectMemory:
         """The engine's inputs for ``record``; ``lookup`` is the engine's fetch path (or None)."""
         body = record.request_object
         basis = "full"
+        pod_uid = _pod_uid(record)
         if info.verb in _BODY_VERBS and body is None:
-            body, basis = self._assumed_body(info, driver, node), "metadata"
+            body, basis = self._assumed_body(info, driver, node, pod_uid), "metadata"
         media_type = patch_type(record, body, info) if info.verb == "patch" else "application/json"
         current: KubeObject | None = None
         if lookup is not None:
             current, known = self._current(record, info, lookup)
             if current is None and record.code != 404:
-                current, known = self._owned(info, driver, node), "metadata"
+                current, known = self._owned(info, driver, node, pod_uid), "metadata"
             if current is not None:
                 current = _aligned(current, body)
             basis = _worst(basis, known)
@@ -144,14 +145,19 @@ class ObjectMemory:
         # A 404 the first time the object is seen: it was not there.
         return None, "full"
 
-    def _owned(self, info: RequestInfo, driver: str, node: str) -> KubeObject | None:
-        """An object of the URL's kind and name that belongs to ``driver`` on ``node``."""
-        kind = self._policy.kind_for(info.api_group, info.resource)
+    def _owned(
+        self, info: RequestInfo, driver: str, node: str, pod_uid: str = ""
+    ) -> KubeObject | None:
+        """An object of the URL's kind and name that belongs to ``driver`` on ``node`` (the
+        caller's own pod, of ``pod_uid``); None where no object can be assumed to be the
+        caller's: one bound to it by a CEL scope, which only the object itself can show."""
+        kind = self._policy.kind_for(info.api_group, info.resource, info.verb)
         version = kind.versions.get(info.api_version) if kind else None
-        if kind is None or version is None:
+        if kind is None or version is None or kind.rule is KindRule.CEL:
             return None
         api_version = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
-        metadata = {"name": info.name or node, "resourceVersion": "1", "uid": "assumed"}
+        uid = pod_uid if kind.rule is KindRule.OWN_POD and pod_uid else "assumed"
+        metadata = {"name": info.name or node, "resourceVersion": "1", "uid": uid}
         if info.namespace:
             metadata["namespace"] = info.namespace
         obj: KubeObject = {"apiVersion": api_version, "kind": kind.kind, "metadata": metadata}
@@ -170,10 +176,16 @@ class ObjectMemory:
             )
         return obj
 
-    def _assumed_body(self, info: RequestInfo, driver: str, node: str) -> Any:
+    def _assumed_body(self, info: RequestInfo, driver: str, node: str, pod_uid: str) -> Any:
         if info.verb == "patch":
             return {}
-        return self._owned(info, driver, node)
+        return self._owned(info, driver, node, pod_uid)
+
+
+def _pod_uid(record: Record) -> str:
+    """The uid of the pod a token caller's token was bound to ("" when none)."""
+    user = record.token_user
+    return (user.first_extra(POD_UID_EXTRA) or "") if user is not None else ""
 
 
 def _object_path(info: RequestInfo) -> str:
