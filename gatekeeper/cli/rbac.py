@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from gatekeeper.cli.admission import VAP_NAME, render_admission_policy
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER, KindRule, KindSpec
@@ -259,19 +260,26 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=_PROG, description="What a policy needs outside the gatekeeper.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     rbac = commands.add_parser(
-        "rbac", help="print the ClusterRole the gatekeeper's credentials need for the policy"
+        "rbac",
+        help="print the RBAC the gatekeeper's credentials (and drivers') need for the policy",
     )
-    rbac.add_argument("--policy", help="policy file (default: the packaged default policy)")
-    rbac.add_argument(
-        "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
+    vap = commands.add_parser(
+        "vap",
+        help="print the policy as a ValidatingAdmissionPolicy binding the gatekeeper to its node",
     )
+    for sub in (rbac, vap):
+        sub.add_argument("--policy", help="policy file (default: the packaged default policy)")
+        sub.add_argument(
+            "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
+        )
+        sub.add_argument(
+            "--service-account",
+            default=_SELF,
+            metavar="NAMESPACE/NAME",
+            help=f"the gatekeeper's own ServiceAccount (default {_SELF})",
+        )
     rbac.add_argument("--name", default=ROLE_NAME, help=f"ClusterRole name (default {ROLE_NAME})")
-    rbac.add_argument(
-        "--service-account",
-        default=_SELF,
-        metavar="NAMESPACE/NAME",
-        help=f"the gatekeeper's own ServiceAccount, bound by the Roles (default {_SELF})",
-    )
+    vap.add_argument("--name", default=VAP_NAME, help=f"policy name (default {VAP_NAME})")
     return parser
 
 
@@ -285,18 +293,18 @@ def run_policy_command(args: Sequence[str]) -> int:
         policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver))
         if not policy.drivers:
             raise ConfigError(
-                f"{policy.source}: no drivers: the resourceclaims/driver rule needs their names "
+                f"{policy.source}: no drivers: the rules bind writes to the drivers' names "
                 "(list them under `drivers:` or pass --driver NAME)"
             )
-    except ConfigError as exc:
+        namespace, _, account = ns.service_account.partition("/")
+        if not namespace or not account:
+            raise ConfigError(f"--service-account {ns.service_account!r} is not NAMESPACE/NAME")
+        if ns.command == "vap":
+            text = render_admission_policy(policy, ns.service_account, ns.name)
+        else:
+            text = render_rbac(policy, ns.name, ns.service_account)
+    except (ConfigError, ValueError) as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
-    namespace, _, account = ns.service_account.partition("/")
-    if not namespace or not account:
-        print(
-            f"{_PROG}: --service-account {ns.service_account!r} is not NAMESPACE/NAME",
-            file=sys.stderr,
-        )
-        return 2
-    sys.stdout.write(render_rbac(policy, ns.name, ns.service_account))
+    sys.stdout.write(text)
     return 0
