@@ -14,11 +14,11 @@ them), so the admission policy never refuses what the gatekeeper allowed.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gatekeeper.codec.jsonpath import FieldPath
+from gatekeeper.policy._celtext import reads, rename, unchanged_but
 from gatekeeper.policy.cel import CelRules, Program
 from gatekeeper.policy.model import (
     ANY_DRIVER,
@@ -48,12 +48,8 @@ _WRITES = {
     "delete": "DELETE",
     "deletecollection": "DELETE",
 }
-_MAINTAINED = ("resourceVersion", "managedFields")
 # Built-in variables the apiserver cannot know: it sees the gatekeeper, not the driver's pod.
 _UNKNOWABLE = ("serviceAccount", "pod", "podUID")
-_STRING = re.compile(
-    r"""[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")""", re.S
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +186,7 @@ def _structural(entry: KindSpec, version: VersionSpec) -> list[Exported]:
     if entry.rule is KindRule.ALLOCATED_TO_DRIVER:
         return _allocated(q, version)
     if entry.rule is KindRule.OWN_NODE:
-        changes = _unchanged_but(version.may_change)
+        changes = unchanged_but(version.may_change)
         return [
             Exported(
                 f"{q}: only this node's own object.",
@@ -204,7 +200,7 @@ def _structural(entry: KindSpec, version: VersionSpec) -> list[Exported]:
             ),
         ]
     if entry.rule is KindRule.OWN_POD:
-        changes = _unchanged_but(version.may_change)
+        changes = unchanged_but(version.may_change)
         return [
             Exported(
                 f"{q}: only pods on this node (the apiserver cannot tell the caller's own).",
@@ -353,7 +349,7 @@ def _with_object(expression: str, root: str) -> str:
     """``expression`` (written on ``object``) on ``root`` instead, via cel.bind."""
     if root == "object":
         return expression
-    return f"cel.bind(__stored, oldObject, {_rename(expression, 'object', '__stored')})"
+    return f"cel.bind(__stored, oldObject, {rename(expression, 'object', '__stored')})"
 
 
 # --- carried-over CEL ---------------------------------------------------------------------------
@@ -399,21 +395,21 @@ def _inlined(program: Program, cel: CelRules) -> str | None:
         inner = _inlined(variable.program, cel)
         if inner is None:
             return None
-        source = _rename(source, f"variables.{variable.name}", f"({inner})")
+        source = rename(source, f"variables.{variable.name}", f"({inner})")
     return source
 
 
 def _portable(program: Program, cel: CelRules) -> str | None:
     source = _inlined(program, cel)
-    if source is None or _reads(source, "request.userInfo"):
+    if source is None or reads(source, "request.userInfo"):
         return None
-    if any(_reads(source, f"variables.{name}") for name in _UNKNOWABLE):
+    if any(reads(source, f"variables.{name}") for name in _UNKNOWABLE):
         return None
-    if _reads(source, "variables.namespace"):
-        renamed = _rename(source, "variables.namespace", "__namespace")
+    if reads(source, "variables.namespace"):
+        renamed = rename(source, "variables.namespace", "__namespace")
         source = f"variables.namespaces.exists(__namespace, {renamed})"
-    if _reads(source, "variables.driver"):
-        renamed = _rename(source, "variables.driver", "__driver")
+    if reads(source, "variables.driver"):
+        renamed = rename(source, "variables.driver", "__driver")
         source = f"variables.drivers.exists(__driver, {renamed})"
     return source
 
@@ -422,89 +418,11 @@ def _why_not(program: Program, cel: CelRules) -> str:
     source = _inlined(program, cel)
     if source is None:
         return "it reads a variable by a computed name, which cannot be resolved before it runs"
-    if _reads(source, "request.userInfo"):
+    if reads(source, "request.userInfo"):
         return "it reads request.userInfo: at the apiserver that is the gatekeeper, not the driver"
     return (
         "it reads the caller's ServiceAccount or pod (variables.serviceAccount, pod, podUID), "
         "which the apiserver never sees: the request carries the gatekeeper's identity"
-    )
-
-
-def _code_spans(source: str) -> list[tuple[int, int, bool]]:
-    """The source cut into (start, end, is_code) spans: string literals are never rewritten."""
-    spans: list[tuple[int, int, bool]] = []
-    at = 0
-    for match in _STRING.finditer(source):
-        spans.append((at, match.start(), True))
-        spans.append((match.start(), match.end(), False))
-        at = match.end()
-    spans.append((at, len(source), True))
-    return spans
-
-
-def _reference(name: str) -> re.Pattern[str]:
-    return re.compile(r"(?<![\w.])" + re.escape(name).replace(r"\.", r"\s*\.\s*") + r"(?!\w)")
-
-
-def _reads(source: str, name: str) -> bool:
-    pattern = _reference(name)
-    return any(code and pattern.search(source[a:b]) for a, b, code in _code_spans(source))
-
-
-def _rename(source: str, name: str, replacement: str) -> str:
-    pattern = _reference(name)
-    return "".join(
-        pattern.sub(lambda _: replacement, source[a:b]) if code else source[a:b]
-        for a, b, code in _code_spans(source)
-    )
-
-
-# --- mayChange ----------------------------------------------------------------------------------
-
-
-def _unchanged_but(allowed: tuple[Changeable, ...]) -> str:
-    """CEL that holds when ``object`` is ``oldObject`` but for ``allowed`` (and the fields the
-    apiserver maintains): the same comparison :func:`~gatekeeper.policy.changes.forbidden_change`
-    makes."""
-    return _compare("object", "oldObject", (), allowed)
-
-
-def _compare(new: str, old: str, at: FieldPath, allowed: tuple[Changeable, ...]) -> str:
-    exact = [entry for entry in allowed if entry.path == at]
-    if exact:
-        return _keys(new, old, exact[0]) if exact[0].keys else "true"
-    below = {
-        entry.path[len(at)]
-        for entry in allowed
-        if entry.path[: len(at)] == at and len(entry.path) > len(at)
-    }
-    skip = set(below) | ({*_MAINTAINED} if at == ("metadata",) else set())
-    if not below and at:
-        return f"{new} == {old}"
-    listed = json.dumps(sorted(skip))
-    parts = [
-        f"{new}.all(k, k in {listed} || (k in {old} && {new}[k] == {old}[k]))",
-        f"{old}.all(k, k in {listed} || k in {new})",
-    ]
-    for step in sorted(below):
-        child_new, child_old = (
-            f"{new}[?{json.dumps(step)}].orValue({{}})",
-            f"{old}[?{json.dumps(step)}].orValue({{}})",
-        )
-        parts.append(f"({_compare(child_new, child_old, (*at, step), allowed)})")
-    return " && ".join(parts)
-
-
-def _keys(new: str, old: str, entry: Changeable) -> str:
-    exact = [k for k in entry.keys if not k.endswith("*")]
-    prefixes = [k[:-1] for k in entry.keys if k.endswith("*")]
-    allowed = " || ".join(
-        [f"k in {json.dumps(exact)}"] * bool(exact)
-        + [f"k.startsWith({json.dumps(prefix)})" for prefix in prefixes]
-    )
-    return (
-        f"{new}.all(k, {allowed} || (k in {old} && {new}[k] == {old}[k])) && "
-        f"{old}.all(k, {allowed} || k in {new})"
     )
 
 

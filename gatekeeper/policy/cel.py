@@ -28,6 +28,7 @@ __all__ = [
     "MAX_SOURCE",
     "CelError",
     "CelRules",
+    "EvaluationError",
     "Outcome",
     "Program",
     "StatusReason",
@@ -236,7 +237,7 @@ def _variable_references(source: str) -> set[str]:
     return {match.group(1) or "*" for match in _VARIABLE_REFERENCE.finditer(code)}
 
 
-class _EvaluationError(Exception):
+class EvaluationError(Exception):
     """An expression that did not evaluate to a value: it refuses (fail closed)."""
 
     def __init__(self, program: Program, why: str) -> None:
@@ -246,13 +247,13 @@ class _EvaluationError(Exception):
 
 def evaluate(program: Program, bound: Any) -> Any:
     """The value of ``program`` on ``bound`` (:func:`activation`), as plain Python data;
-    _EvaluationError when it fails."""
+    EvaluationError when it fails."""
     try:
         value = program.compiled.eval(bound)
     except RuntimeError as exc:  # the iteration budget is raised, not returned
-        raise _EvaluationError(program, _compile_message(exc)) from None
+        raise EvaluationError(program, _compile_message(exc)) from None
     if value.type().name() == "ERROR":
-        raise _EvaluationError(program, str(value.value()))
+        raise EvaluationError(program, str(value.value()))
     return value.plain_value()
 
 
@@ -289,7 +290,7 @@ def run_validations(
             if not _holds(validation.program, bindings.activation(validation.program)):
                 message = _message(validation, bindings)
                 return Outcome(validation.name, validation.reason.code, message)
-    except _EvaluationError as exc:
+    except EvaluationError as exc:
         name = names.get(id(exc.program), exc.program.where)
         return Outcome(name, 403, f"{name} could not be evaluated: {exc}", error=str(exc))
     return None
@@ -332,14 +333,14 @@ def in_scope(
     try:
         bindings = _Bindings(rules, obj, None, request, builtins)
         return _holds(rules.scope, bindings.activation(rules.scope))
-    except _EvaluationError:
+    except EvaluationError:
         return False
 
 
 def _holds(program: Program, bound: Any) -> bool:
     value = evaluate(program, bound)
     if not isinstance(value, bool):
-        raise _EvaluationError(program, f"evaluated to {type(value).__name__}, not bool")
+        raise EvaluationError(program, f"evaluated to {type(value).__name__}, not bool")
     return value
 
 
@@ -355,7 +356,7 @@ def _message(validation: Validation, bindings: _Bindings) -> str:
         try:
             program = validation.message_expression
             text = evaluate(program, bindings.activation(program))
-        except _EvaluationError:
+        except EvaluationError:
             text = None
         if isinstance(text, str) and text.strip() and "\n" not in text:
             return text

@@ -8,12 +8,12 @@ from typing import Any
 from gatekeeper.codec.jsonpath import MISSING, FieldPath
 from gatekeeper.policy.model import Changeable
 
-__all__ = ["forbidden_change"]
+__all__ = ["MAINTAINED", "forbidden_change"]
 
-# The apiserver sets these on every write: a difference there is not the driver's change.
-_MAINTAINED: frozenset[FieldPath] = frozenset(
+MAINTAINED: frozenset[FieldPath] = frozenset(
     {("metadata", "resourceVersion"), ("metadata", "managedFields")}
 )
+"""Fields the apiserver sets on every write: a difference there is not the driver's change."""
 
 
 def forbidden_change(old: Any, new: Any, allowed: tuple[Changeable, ...]) -> str | None:
@@ -22,7 +22,7 @@ def forbidden_change(old: Any, new: Any, allowed: tuple[Changeable, ...]) -> str
 
 
 def _walk(old: Any, new: Any, path: FieldPath, allowed: tuple[Changeable, ...]) -> str | None:
-    if path in _MAINTAINED:
+    if path in MAINTAINED:
         return None
     for entry in allowed:
         if entry.path == path:

@@ -15,7 +15,7 @@ import json
 import shutil
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -247,9 +247,12 @@ class Harness:
         server.journal.clear()
         return server.tokens.mint(spec.namespace, spec.name, pod=spec.pod or None)
 
-    async def run(self, case: TestCase) -> Outcome:
-        """Reset the store for ``case``, send its request as its driver, and observe."""
+    async def run(self, case: TestCase, before: Callable[[], object] | None = None) -> Outcome:
+        """Reset the store for ``case``, send its request as its driver, and observe;
+        ``before`` is called once the store holds ``case.existing``, before the request."""
         self.reset(case)
+        if before is not None:
+            before()
         loop = asyncio.get_running_loop()
         started = loop.time()
         request = case.request
