@@ -85,6 +85,11 @@ class Limits:
     loopback is one)."""
     token_reviews_per_connection: float = 1.0
     """TokenReviews per second on one connection of the token listener."""
+    token_refusals_per_connection: float = 1.0
+    """Answers per second to refused requests on one connection of the token listener (no
+    token, a token of no driver, over the review budget), after a burst of two: later ones are
+    held until their turn, so that one keep-alive connection cannot have any number of
+    requests answered."""
     token_reviews_per_driver: float = 4.0
     """TokenReviews per second kept for each driver apart from the rest: its own tokens asked
     about again once their cached answer expired, a new token on a connection that carried
@@ -138,6 +143,10 @@ _FLAGS = {
     "--max-token-reviews-per-connection": (
         "token_reviews_per_connection",
         "TokenReviews per second on one token listener connection",
+    ),
+    "--max-token-refusals-per-connection": (
+        "token_refusals_per_connection",
+        "answers per second to refused requests on one token listener connection (then held)",
     ),
     "--max-token-reviews-per-driver": (
         "token_reviews_per_driver",

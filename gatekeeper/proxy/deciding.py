@@ -3,6 +3,7 @@ driver's request and the upstream as its readers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -65,6 +66,11 @@ async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity
         identity = await _token_identity(request, connection, gk.tokens, gk)
     except TokenRefusal as refusal:
         gk.token_failed(refusal.failure)
+        # SECURITY: docs/security.md "The token listener" — refusals on one connection are
+        # answered at a bounded rate, so that one keep-alive connection cannot make the
+        # gatekeeper answer without bound.
+        if (hold := gk.tokens.budget.pace(connection.reviews)) > 0:
+            await asyncio.sleep(hold)
         raise
     except UpstreamError:
         gk.token_failed(TokenFailure.REVIEW_UNAVAILABLE)

@@ -14,9 +14,11 @@ to be asked is. Each bound is a token bucket holding one second of its rate (at 
   review takes its turn with everyone's.
 
 Over a bound: 429 with ``Retry-After`` (client-go retries it; a 401 would tell a driver its
-token is bad, which nobody has checked). Every key is a driver of the policy, a source address
-seen within the last seconds (at most :data:`MAX_SOURCES`), or a connection's own state: the
-state stays bounded whatever the callers send.
+token is bad, which nobody has checked). Every refusal on a connection, whatever its reason, is
+paced (:meth:`ReviewBudget.pace`): one keep-alive connection cannot have any number of requests
+answered. Every key is a driver of the policy, a source address seen within the last seconds
+(at most :data:`MAX_SOURCES`), or a connection's own state: the state stays bounded whatever
+the callers send.
 """
 
 from __future__ import annotations
@@ -102,11 +104,12 @@ class _Rate:
 
 @dataclass(slots=True)
 class ConnectionReviews:
-    """One connection's part: its bucket, and the driver whose token it carried last (None
-    until one did, or once it carried a token that is no driver's)."""
+    """One connection's part: its buckets (reviews, refusals), and the driver whose token it
+    carried last (None until one did, or once it carried a token that is no driver's)."""
 
     bucket: _Bucket | None = None
     driver: str | None = None
+    refusals: _Bucket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,7 @@ class ReviewBudget:
         self._source = _Rate(limits.token_reviews_per_source)
         self._process = _Rate(limits.token_reviews)
         self._driver = _Rate(limits.token_reviews_per_driver)
+        self._refusals = _Rate(limits.token_refusals_per_connection)
         now = clock()
         self._everyone = self._process.full(now)
         self._sources: OrderedDict[str, _Bucket] = OrderedDict()
@@ -202,6 +206,18 @@ class ReviewBudget:
         if bucket is None:
             bucket = self._drivers[key] = self._driver.full(now)
         return bucket
+
+    def pace(self, connection: ConnectionReviews) -> float:
+        """Seconds to hold a refusal on ``connection`` before answering it (0: at once): its
+        refusals are answered at ``--max-token-refusals-per-connection`` after a burst, one
+        request at a time as HTTP/1.1 serves them."""
+        now = self._clock()
+        if connection.refusals is None:
+            connection.refusals = self._refusals.full(now)
+        bucket = connection.refusals
+        level = self._refusals.level(bucket, now)
+        bucket.level = level - 1  # below 0: owed until the wait is over
+        return 0.0 if level >= 1 else (1.0 - level) / self._refusals.per_second
 
     def recognise(self, caller: ReviewCaller, driver: str) -> None:
         """``caller`` showed ``driver``'s token: its connection and address get that driver's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import datetime
 
 import pytest
 
@@ -20,12 +21,14 @@ from tests.tokencluster import SA, TokenGatekeeper, call, reviews_of, start, tok
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 MINE = f"{SLICES}?{PINNED}"
-# Every bucket holds 2 and refills once in 100 s: what a test counts is what the bucket held.
+# Every review bucket holds 2 and refills once in 100 s: what a test counts is what the bucket
+# held. Refusals are answered at once (their pace has a test of its own).
 TIGHT = Limits(
     token_reviews=0.01,
     token_reviews_per_source=0.01,
     token_reviews_per_connection=0.01,
     token_reviews_per_driver=0.01,
+    token_refusals_per_connection=10_000,
 )
 
 
@@ -141,3 +144,20 @@ async def test_every_failure_reason_is_a_series_from_the_start(tight: TokenGatek
     assert [failures(tight, failure) for failure in TokenFailure] == [0] * len(TokenFailure)
     assert (await call(tight, "GET", MINE, None))[0] == 401
     assert failures(tight, TokenFailure.NO_BEARER) == 1
+
+
+async def test_refusals_on_one_connection_are_answered_at_their_pace(
+    cluster: APIServer, token_policy: Policy, pki: PKI
+) -> None:
+    """10 per second after a burst of 10: 20 refusals on one connection take at least 1 s from
+    the first request to the last answer (a lower bound: load only adds to it)."""
+    limits = replace(TIGHT, token_refusals_per_connection=10)
+    async with start(cluster, token_policy, pki, limits=limits) as gk, gk.session() as one:
+        ids = [(await call(gk, "GET", MINE, None, session=one))[1]["Audit-Id"] for _ in range(20)]
+        (first,), (last,) = gk.sink.by_id(ids[0]), gk.sink.by_id(ids[-1])
+        assert _at(last["stageTimestamp"]) - _at(first["requestReceivedTimestamp"]) >= 0.99
+        assert failures(gk, TokenFailure.NO_BEARER) == 20
+
+
+def _at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

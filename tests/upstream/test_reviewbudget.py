@@ -184,3 +184,15 @@ def test_source_state_stays_bounded(budget: ReviewBudget, clock: Clock) -> None:
     clock.now += 10  # every bucket full again: none kept
     admitted(budget, caller("10.200.0.1"), 1)
     assert budget.tracked_sources == 1
+
+
+def test_refusals_on_a_connection_are_paced_after_a_burst(clock: Clock) -> None:
+    budget = ReviewBudget(Limits(token_refusals_per_connection=4), clock=clock)
+    one, other = ConnectionReviews(), ConnectionReviews()
+    assert [budget.pace(one) for _ in range(4)] == [0, 0, 0, 0]  # the burst: max(2, rate)
+    assert budget.pace(one) == pytest.approx(0.25)
+    clock.now += 0.25  # answered after its hold; the next one waits its turn again
+    assert budget.pace(one) == pytest.approx(0.25)
+    assert budget.pace(other) == 0
+    clock.now += 10
+    assert budget.pace(one) == 0
