@@ -36,7 +36,7 @@ from gatekeeper.proxy.deciding import Connection
 from gatekeeper.proxy.pipeline import build_handler
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.status import status_body
-from gatekeeper.upstream.reviewbudget import ConnectionReviews
+from gatekeeper.upstream.reviewbudget import ReviewCaller, source_key
 
 __all__ = ["GuardedRunner"]
 
@@ -55,8 +55,8 @@ class _GuardedHandler(RequestHandler, Connection):
     in :meth:`connection_made`; :meth:`ConnectionGuard.attribute` moves it to a driver."""
     client: Client | None = None
     """Who this connection is, known when it was made (read by every request on it)."""
-    reviews: ConnectionReviews
-    """This connection's part of the token listener's review budget (its own bucket)."""
+    reviews: ReviewCaller
+    """This connection in the token listener's review budget (its address, its buckets)."""
     _refused = False
     _refused_transport: asyncio.BaseTransport | None = None
     _header_timer: asyncio.TimerHandle | None = None
@@ -67,7 +67,8 @@ class _GuardedHandler(RequestHandler, Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.client = client = self.guard.client_of(transport)
-        self.reviews = ConnectionReviews()
+        peer = transport.get_extra_info("peername") if client.listener == "token" else None
+        self.reviews = ReviewCaller(source_key(peer[0] if isinstance(peer, tuple) else None))
         listener, driver = client.listener, self.guard.driver_of(client)
         ticket, why = self.ticket, ""
         if ticket is not None:

@@ -20,7 +20,7 @@ from gatekeeper.request.headers import accepts_plain_json
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import Identity
 from gatekeeper.upstream.previews import run_preview
-from gatekeeper.upstream.reviewbudget import ConnectionReviews, ReviewCaller, source_key
+from gatekeeper.upstream.reviewbudget import ReviewCaller
 from gatekeeper.upstream.session import fetch
 from gatekeeper.upstream.tokenreview import TokenReviewer
 
@@ -37,8 +37,8 @@ class Connection:
 
     client: Client | None = None
     """Who the connection is, known when it was made."""
-    reviews: ConnectionReviews
-    """The connection's part of the token listener's review budget."""
+    reviews: ReviewCaller
+    """The connection in the token listener's review budget (its address, its buckets)."""
 
     def attribute(self, driver: str) -> str | None:
         """Count a token listener's connection as ``driver``'s from now on: None, or why it
@@ -85,8 +85,7 @@ async def _token_identity(
 ) -> Identity:
     # SECURITY: DESIGN §4.2, docs/security.md "The token listener" — a token not cached is
     # reviewed only within the caller's budget (its connection, its address, the process).
-    caller = ReviewCaller(source_key(request.remote), connection.reviews)
-    outcome = await tokens.review(bearer_token(request.headers), caller)
+    outcome = await tokens.review(bearer_token(request.headers), connection.reviews)
     return token_identity(outcome, gk.engine.policy, gk.node_name)
 
 

@@ -28,7 +28,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
@@ -37,7 +37,6 @@ from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
 __all__ = [
     "KNOWN_FOR",
     "MAX_SOURCES",
-    "ConnectionReviews",
     "ReviewBudget",
     "ReviewCaller",
     "Scope",
@@ -103,22 +102,15 @@ class _Rate:
 
 
 @dataclass(slots=True)
-class ConnectionReviews:
-    """One connection's part: its buckets (reviews, refusals), and the driver whose token it
-    carried last (None until one did, or once it carried a token that is no driver's)."""
-
-    bucket: _Bucket | None = None
-    driver: str | None = None
-    refusals: _Bucket | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ReviewCaller:
-    """Who a review would be for: the source address's key (:func:`source_key`) and the
-    connection's state."""
+    """One connection of the token listener as the budget sees it: its source address's key
+    (:func:`source_key`), its buckets (reviews, refusals), and the driver whose token it carried
+    last (None until one did, or once it carried a token that is no driver's)."""
 
     source: str
-    connection: ConnectionReviews = field(default_factory=ConnectionReviews)
+    driver: str | None = None
+    reviews: _Bucket | None = None
+    refusals: _Bucket | None = None
 
 
 def source_key(address: str | None) -> str:
@@ -175,7 +167,7 @@ class ReviewBudget:
         now = self._clock()
         connection = None
         if known is None:
-            connection = self._connection_bucket(caller.connection, now)
+            connection = self._connection_bucket(caller, now)
             if self._connection.level(connection, now) < 1:
                 raise _refusal(Scope.CONNECTION, self._connection, connection)
         share = self._share(caller, known, now)
@@ -196,7 +188,7 @@ class ReviewBudget:
         """The driver's bucket a review is charged to first, if any: its own (its token, its
         connection), or the one of the addresses it connected from (which others on the same
         address, a host-network pod, can use up too)."""
-        if (driver := known or caller.connection.driver) is not None:
+        if (driver := known or caller.driver) is not None:
             key = (driver, _OWN)
         elif (driver := self._known_driver(caller.source, now)) is not None:
             key = (driver, _ADDRESS)
@@ -207,14 +199,14 @@ class ReviewBudget:
             bucket = self._drivers[key] = self._driver.full(now)
         return bucket
 
-    def pace(self, connection: ConnectionReviews) -> float:
-        """Seconds to hold a refusal on ``connection`` before answering it (0: at once): its
-        refusals are answered at ``--max-token-refusals-per-connection`` after a burst, one
-        request at a time as HTTP/1.1 serves them."""
+    def pace(self, caller: ReviewCaller) -> float:
+        """Seconds to hold a refusal on ``caller``'s connection before answering it (0: at
+        once): its refusals are answered at ``--max-token-refusals-per-connection`` after a
+        burst, one request at a time as HTTP/1.1 serves them."""
         now = self._clock()
-        if connection.refusals is None:
-            connection.refusals = self._refusals.full(now)
-        bucket = connection.refusals
+        if caller.refusals is None:
+            caller.refusals = self._refusals.full(now)
+        bucket = caller.refusals
         level = self._refusals.level(bucket, now)
         bucket.level = level - 1  # below 0: owed until the wait is over
         return 0.0 if level >= 1 else (1.0 - level) / self._refusals.per_second
@@ -222,9 +214,9 @@ class ReviewBudget:
     def recognise(self, caller: ReviewCaller, driver: str) -> None:
         """``caller`` showed ``driver``'s token: its connection and address get that driver's
         share for a new token (a rotation)."""
-        if caller.connection.driver == driver:
+        if caller.driver == driver:
             return  # known already: nothing to refresh on every request
-        caller.connection.driver = driver
+        caller.driver = driver
         self._known[caller.source] = (driver, self._clock() + KNOWN_FOR)
         self._known.move_to_end(caller.source)
         while len(self._known) > _MAX_KNOWN_SOURCES:
@@ -232,12 +224,12 @@ class ReviewBudget:
 
     def distrust(self, caller: ReviewCaller) -> None:
         """``caller``'s connection showed a token that is no driver's: it loses the share."""
-        caller.connection.driver = None
+        caller.driver = None
 
-    def _connection_bucket(self, state: ConnectionReviews, now: float) -> _Bucket:
-        if state.bucket is None:
-            state.bucket = self._connection.full(now)
-        return state.bucket
+    def _connection_bucket(self, caller: ReviewCaller, now: float) -> _Bucket:
+        if caller.reviews is None:
+            caller.reviews = self._connection.full(now)
+        return caller.reviews
 
     def _source_bucket(self, source: str, now: float) -> _Bucket:
         sources = self._sources

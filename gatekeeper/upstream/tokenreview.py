@@ -144,27 +144,10 @@ class TokenReviewer:
         a 429 :class:`~gatekeeper.upstream.tokenfailures.TokenRefusal` when ``caller`` is over
         its review budget."""
         key = hashlib.sha256(token.encode()).digest()
-        now = self._clock()
-        known: str | None = None
-        valid = self._valid.get(key)
-        if valid is not None:
-            if now < valid.fresh_until:
-                self._valid.move_to_end(key)
-                self._on_review("cached")
-                self.budget.recognise(caller, valid.driver)
-                return valid.outcome
-            if now < valid.known_until:
-                known = valid.driver
-            else:
-                del self._valid[key]
-        refused = self._refused.get(key)
-        if refused is not None:
-            if now < refused[0]:
-                self._refused.move_to_end(key)
-                self._on_review("cached")
-                self.budget.distrust(caller)
-                return refused[1]
-            del self._refused[key]
+        cached, known = self._cached(key, caller)
+        if cached is not None:
+            self._on_review("cached")
+            return cached
         task = self._pending.get(key)
         if task is not None:
             self._on_review("cached")  # the answer another request is waiting for already
@@ -180,6 +163,30 @@ class TokenReviewer:
         else:
             self.budget.distrust(caller)
         return outcome
+
+    def _cached(self, key: bytes, caller: ReviewCaller) -> tuple[ReviewOutcome | None, str | None]:
+        """The answer still cached for ``key`` (told to the budget), else None; and the driver
+        whose token it was, when its answer expired but it is known still."""
+        now = self._clock()
+        known: str | None = None
+        valid = self._valid.get(key)
+        if valid is not None:
+            if now < valid.fresh_until:
+                self._valid.move_to_end(key)
+                self.budget.recognise(caller, valid.driver)
+                return valid.outcome, None
+            if now < valid.known_until:
+                known = valid.driver
+            else:
+                del self._valid[key]
+        refused = self._refused.get(key)
+        if refused is not None:
+            if now < refused[0]:
+                self._refused.move_to_end(key)
+                self.budget.distrust(caller)
+                return refused[1], None
+            del self._refused[key]
+        return None, known
 
     def _settled(self, key: bytes, task: asyncio.Future[tuple[ReviewOutcome, str | None]]) -> None:
         self._pending.pop(key, None)
@@ -223,6 +230,7 @@ class TokenReviewer:
         exp = _expiry(token) if outcome.authenticated else None
         left = math.inf if exp is None else exp - self._wall()
         if driver is None:
+            self._valid.pop(key, None)  # no longer a driver's: its share is not for it
             ttl = min(self.ttl if outcome.authenticated else self.negative_ttl, left)
             if ttl > 0:
                 _bounded_put(self._refused, key, (asked + ttl, outcome), self.max_refused)

@@ -8,7 +8,6 @@ import pytest
 from gatekeeper.limits import Limits
 from gatekeeper.upstream.reviewbudget import (
     MAX_SOURCES,
-    ConnectionReviews,
     ReviewBudget,
     ReviewCaller,
     source_key,
@@ -44,7 +43,7 @@ def budget(clock: Clock) -> ReviewBudget:
 
 
 def caller(source: str = "10.0.0.1") -> ReviewCaller:
-    return ReviewCaller(source, ConnectionReviews())
+    return ReviewCaller(source)
 
 
 def admitted(budget: ReviewBudget, who: ReviewCaller, tries: int, known: str | None = None) -> int:
@@ -188,7 +187,7 @@ def test_source_state_stays_bounded(budget: ReviewBudget, clock: Clock) -> None:
 
 def test_refusals_on_a_connection_are_paced_after_a_burst(clock: Clock) -> None:
     budget = ReviewBudget(Limits(token_refusals_per_connection=4), clock=clock)
-    one, other = ConnectionReviews(), ConnectionReviews()
+    one, other = ReviewCaller("10.0.0.1"), ReviewCaller("10.0.0.1")
     assert [budget.pace(one) for _ in range(4)] == [0, 0, 0, 0]  # the burst: max(2, rate)
     assert budget.pace(one) == pytest.approx(0.25)
     clock.now += 0.25  # answered after its hold; the next one waits its turn again

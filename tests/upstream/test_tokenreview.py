@@ -20,7 +20,7 @@ from gatekeeper.proxy.tokens import token_driver
 from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
-from gatekeeper.upstream.reviewbudget import ConnectionReviews, ReviewBudget, ReviewCaller
+from gatekeeper.upstream.reviewbudget import ReviewBudget, ReviewCaller
 from gatekeeper.upstream.session import UpstreamSession, request
 from gatekeeper.upstream.tokenfailures import TokenRefusal
 from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, ReviewOutcome, TokenReviewer
@@ -90,7 +90,7 @@ def reviewer(
 
 
 def caller() -> ReviewCaller:
-    return ReviewCaller("10.0.0.1", ConnectionReviews())
+    return ReviewCaller("10.0.0.1")
 
 
 async def test_no_flood_of_other_answers_evicts_a_drivers_entry(
@@ -202,3 +202,23 @@ async def test_a_drivers_token_is_asked_about_again_from_its_share(
     rotated = token(cluster)
     assert (await reviews.review(rotated, driver)).authenticated
     assert reviews_of(cluster, rotated) == 1
+
+
+async def test_a_token_that_is_no_longer_a_drivers_loses_the_share(
+    cluster: APIServer, session: UpstreamSession, token_policy: Policy
+) -> None:
+    clock = Clock()
+    tight = Limits(
+        token_reviews=0.01, token_reviews_per_source=0.01, token_reviews_per_connection=0.01
+    )
+    reviews = reviewer(session, token_policy, clock, tight, ttl=2.0, negative_ttl=2.0)
+    secret = token(cluster)
+    assert (await reviews.review(secret, caller())).authenticated
+    assert (await reviews.review("garbage.1.x", ReviewCaller("10.8.0.1"))).error
+    cluster.store.delete(("", "pods"), ("gpu-system", "plugin-a"))
+    clock.now += 2.0  # asked again from the driver's share: now rejected
+    assert not (await reviews.review(secret, ReviewCaller("10.8.0.2"))).authenticated
+    clock.now += 2.0  # that answer expired too: the token is everyone's now, and none is left
+    with pytest.raises(TokenRefusal):
+        await reviews.review(secret, ReviewCaller("10.8.0.3"))
+    assert reviews_of(cluster, secret) == 2
