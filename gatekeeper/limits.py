@@ -68,10 +68,33 @@ class Limits:
     """Upstream connections for drivers' watches."""
     upstream_own: int = 16
     """Upstream connections reserved for the gatekeeper's own reads (fetch, dry run)."""
+    upstream_reviews: int = 4
+    """Upstream connections for TokenReviews (the token listener): reviews never make drivers'
+    requests or the gatekeeper's own reads wait, nor the reverse."""
     upstream_connect_timeout: float = 10.0
     """Seconds to connect to the upstream; then 504."""
     upstream_timeout: float = 60.0
     """Seconds without a byte of an upstream answer (not a watch); then 504."""
+
+    token_reviews: float = 20.0
+    """TokenReviews per second, the whole process, for callers of the token listener the
+    gatekeeper does not know yet (a token, connection and address no driver has shown); more:
+    429. A valid token's cached answer costs no review and is never limited."""
+    token_reviews_per_source: float = 2.0
+    """TokenReviews per second for such callers from one source address (an IPv6 /64; all of
+    loopback is one)."""
+    token_reviews_per_connection: float = 1.0
+    """TokenReviews per second on one connection of the token listener."""
+    token_refusals_per_connection: float = 1.0
+    """Answers per second to refused requests on one connection of the token listener (no
+    token, a token of no driver, over the review budget), after a burst of two: later ones are
+    held until their turn, so that one keep-alive connection cannot have any number of
+    requests answered."""
+    token_reviews_per_driver: float = 4.0
+    """TokenReviews per second kept for each driver apart from the rest: its own tokens asked
+    about again once their cached answer expired, a new token on a connection that carried
+    its token, or from an address it connected from within the hour (a rotated token). Past it
+    such a review takes its turn with everyone's."""
 
     def check(self) -> Limits:
         """This value, or ConfigError naming the first bound that is not positive."""
@@ -103,8 +126,32 @@ _FLAGS = {
     "--upstream-wait": ("upstream_wait", "seconds to wait for an upstream connection (then 503)"),
     "--upstream-connections": ("upstream_requests", "upstream connections for requests"),
     "--upstream-watch-connections": ("upstream_watches", "upstream connections for watches"),
+    "--upstream-review-connections": (
+        "upstream_reviews",
+        "upstream connections for TokenReviews (the token listener)",
+    ),
     "--upstream-connect-timeout": ("upstream_connect_timeout", "seconds to connect upstream"),
     "--upstream-timeout": ("upstream_timeout", "seconds an upstream answer may stall (504)"),
+    "--max-token-reviews": (
+        "token_reviews",
+        "TokenReviews per second for callers no driver's token vouched for yet, whole process",
+    ),
+    "--max-token-reviews-per-source": (
+        "token_reviews_per_source",
+        "TokenReviews per second for such callers from one source address (IPv6: one /64)",
+    ),
+    "--max-token-reviews-per-connection": (
+        "token_reviews_per_connection",
+        "TokenReviews per second on one token listener connection",
+    ),
+    "--max-token-refusals-per-connection": (
+        "token_refusals_per_connection",
+        "answers per second to refused requests on one token listener connection (then held)",
+    ),
+    "--max-token-reviews-per-driver": (
+        "token_reviews_per_driver",
+        "TokenReviews per second kept for each driver's own tokens, connections and addresses",
+    ),
 }
 
 
@@ -135,7 +182,7 @@ def fit_to_descriptors(limits: Limits, soft_limit: int | None = None) -> Limits:
     """
     if soft_limit is None:
         soft_limit = _raise_nofile()
-    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
+    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own + limits.upstream_reviews
     fixed += _LISTENER_KINDS * limits.connections_unauthenticated
     upstream = limits.upstream_requests + limits.upstream_watches
     if fixed + _LISTENER_KINDS * limits.connections_total + upstream <= soft_limit:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +20,28 @@ from kubernetes.config.incluster_config import (
     InClusterConfigLoader,
 )
 
-from gatekeeper.apiserver import TOKEN_KINDS, APIServer
-from gatekeeper.cli.served import served_kinds
+from gatekeeper.apiserver import APIServer
 from gatekeeper.policy import Policy, parse_policy
-from gatekeeper.server.config import token_ssl_context
 from gatekeeper.testing.harness import (
     GPU,
     NODE,
     NODE_TOKEN,
     PINNED,
     PKI,
-    RecordingSink,
-    Running,
     metric_value,
     running_gatekeeper,
     slice_body,
 )
+from tests.tokencluster import (
+    REVIEWS,
+    SA,
+    TokenGatekeeper,
+    call,
+    start,
+    token,
+    token_cluster,
+)
 
-SA = "system:serviceaccount:gpu-system:gpu-driver"
-REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
@@ -50,90 +52,14 @@ def token_policy(policy: Policy) -> Policy:
 
 @pytest.fixture
 async def cluster(token_policy: Policy) -> AsyncIterator[APIServer]:
-    """The embedded API server with what TokenRequests need: nodes, service accounts, pods
-    (the driver's on this node and on node-b, and another service account's)."""
-    api = APIServer((*served_kinds(token_policy), *TOKEN_KINDS), token=NODE_TOKEN)
-    await api.start()
-    for node in (NODE, "node-b"):
-        api.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-    for name in ("gpu-driver", "other"):
-        api.add(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": name, "namespace": "gpu-system"},
-            }
-        )
-    for pod, node, account in (
-        ("plugin-a", NODE, "gpu-driver"),
-        ("plugin-b", "node-b", "gpu-driver"),
-        ("other-a", NODE, "other"),
-    ):
-        api.add(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": pod, "namespace": "gpu-system"},
-                "spec": {"nodeName": node, "serviceAccountName": account},
-            }
-        )
-    yield api
-    await api.close()
-
-
-@dataclass
-class TokenGatekeeper:
-    running: Running
-    sink: RecordingSink
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.running.server.token_port}"
-
-    def context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=self.running.pki.path("ca.crt"))
-
-
-async def start(
-    cluster: APIServer, policy: Policy, pki: PKI, **options: Any
-) -> AsyncIterator[TokenGatekeeper]:
-    sink = RecordingSink()
-    async with running_gatekeeper(
-        cluster,
-        policy,
-        pki,
-        audit_sink=sink,
-        listen=None,
-        listen_tls=None,
-        listen_token=("127.0.0.1", 0),
-        token_tls=token_ssl_context(pki.path("server.crt"), pki.path("server.key")),
-        **options,
-    ) as running:
-        yield TokenGatekeeper(running, sink)
+    async with token_cluster(token_policy) as api:
+        yield api
 
 
 @pytest.fixture
 async def gk(cluster: APIServer, token_policy: Policy, pki: PKI) -> AsyncIterator[TokenGatekeeper]:
-    async for started in start(cluster, token_policy, pki):
+    async with start(cluster, token_policy, pki) as started:
         yield started
-
-
-def token(
-    cluster: APIServer, pod: str | None = "plugin-a", account: str = "gpu-driver", **kw: Any
-) -> str:
-    return cluster.tokens.mint("gpu-system", account, pod=pod, **kw)
-
-
-async def call(
-    gk: TokenGatekeeper, method: str, target: str, bearer: str | None, body: Any = None
-) -> tuple[int, dict[str, str], Any]:
-    headers = {} if bearer is None else {"Authorization": f"Bearer {bearer}"}
-    connector = aiohttp.TCPConnector(ssl=gk.context())
-    async with (
-        aiohttp.ClientSession(connector=connector) as session,
-        session.request(method, gk.url + target, headers=headers, json=body) as answer,
-    ):
-        return answer.status, dict(answer.headers), await answer.json()
 
 
 async def test_the_official_client_as_in_a_pod(
@@ -249,7 +175,7 @@ async def test_one_review_per_token_however_many_requests(
 async def test_a_deleted_pods_token_stops_working_when_the_cache_expires(
     cluster: APIServer, token_policy: Policy, pki: PKI
 ) -> None:
-    async for started in start(cluster, token_policy, pki, token_cache_ttl=0.3):
+    async with start(cluster, token_policy, pki, token_cache_ttl=0.3) as started:
         secret = token(cluster)
         assert (await call(started, "GET", f"{SLICES}?{PINNED}", secret))[0] == 200
         cluster.store.delete(("", "pods"), ("gpu-system", "plugin-a"))
@@ -327,30 +253,21 @@ async def test_a_kind_under_the_drivers_credentials_carries_its_token_not_the_no
 ) -> None:
     """DESIGN §4.3a: the apiserver sees the driver's own token (it decides with the driver's
     RBAC); the node's credential never goes with it, and the audit event says whose it was."""
-    api = APIServer((*served_kinds(credentials_policy), *TOKEN_KINDS), token=NODE_TOKEN)
-    await api.start()
-    try:
-        api.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        api.add({"apiVersion": "v1", "kind": "ServiceAccount",
-                 "metadata": {"name": "gpu-driver", "namespace": "gpu-system"}})  # fmt: skip
-        api.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-a",
-                 "namespace": "gpu-system"}, "spec": {"nodeName": NODE,
-                 "serviceAccountName": "gpu-driver"}})  # fmt: skip
-        async for gk in start(api, credentials_policy, pki):
-            bearer = token(api)
-            body = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}}
-            code, headers, _ = await call(gk, "POST", WIDGETS, bearer, body)
-            assert code == 201
-            (sent,) = [e for e in api.journal if e.path == WIDGETS]
-            authorization = {k.lower(): v for k, v in sent.headers.items()}["authorization"]
-            assert authorization == f"Bearer {bearer}" and NODE_TOKEN not in authorization
-            (event,) = [
-                e for e in gk.sink.by_id(headers["Audit-Id"]) if e["stage"] == "ResponseComplete"
-            ]
-            assert event["annotations"]["dra-gatekeeper.io/credentials"] == "driver"
-            assert bearer not in json.dumps(event)  # the token is never audited
-    finally:
-        await api.close()
+    async with (
+        token_cluster(credentials_policy) as api,
+        start(api, credentials_policy, pki) as gk,
+    ):
+        bearer = token(api)
+        body = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}}
+        code, headers, _ = await call(gk, "POST", WIDGETS, bearer, body)
+        assert code == 201
+        (sent,) = [e for e in api.journal if e.path == WIDGETS]
+        authorization = {k.lower(): v for k, v in sent.headers.items()}["authorization"]
+        assert authorization == f"Bearer {bearer}" and NODE_TOKEN not in authorization
+        events = gk.sink.by_id(headers["Audit-Id"])
+        (event,) = [e for e in events if e["stage"] == "ResponseComplete"]
+        assert event["annotations"]["dra-gatekeeper.io/credentials"] == "driver"
+        assert bearer not in json.dumps(event)  # the token is never audited
 
 
 async def test_a_kind_under_the_drivers_credentials_is_refused_on_a_socket(
