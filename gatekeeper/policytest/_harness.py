@@ -16,7 +16,7 @@ import shutil
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,6 +30,7 @@ from gatekeeper.audit import AuditLevel
 from gatekeeper.audit.event import VALIDATION_ANNOTATION
 from gatekeeper.cli.certs import create_ca, issue_server_cert, write_pem
 from gatekeeper.cli.served import served_kinds
+from gatekeeper.limits import DEFAULT_LIMITS
 from gatekeeper.policytest._model import MalformedTest, TestCase, TestFile
 from gatekeeper.server.config import AuditSettings, ServeConfig, token_ssl_context
 from gatekeeper.server.server import GatekeeperServer, socket_path
@@ -41,6 +42,7 @@ _TOKEN = "dra-gatekeeper-test-node-token"  # a throwaway credential for the embe
 _DECISION = "authorization.k8s.io/decision"
 _REASON = "authorization.k8s.io/reason"
 _ANSWER_TIMEOUT = 30.0
+_UNLIMITED = 1e9
 _EVENT_TIMEOUT = 5.0
 # Set by the transport or the gatekeeper on every request: noise in a diff (the token: a secret).
 _NOT_SHOWN = frozenset({"authorization", "host", "audit-id", "content-length"})
@@ -175,6 +177,15 @@ class Harness:
             listen_token=("127.0.0.1", 0) if self._tokens else None,
             token_tls=token_tls,
             token_cache_ttl=0.001,  # every case reviews its token: cases are independent
+            # Every token case shows a new token: the rate limits against floods of unknown
+            # tokens (docs/security.md) would refuse the file's cases, not an attacker.
+            limits=replace(
+                DEFAULT_LIMITS,
+                token_reviews=_UNLIMITED,
+                token_reviews_per_source=_UNLIMITED,
+                token_reviews_per_connection=_UNLIMITED,
+                token_refusals_per_connection=_UNLIMITED,
+            ),
             audit=AuditSettings(level=self._audit_level),
         )
         self._server = GatekeeperServer(config, audit=self._sink)
