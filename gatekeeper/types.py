@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gatekeeper.listenerkind import ListenerKind
+
 __all__ = ["DRIVERS_GROUP", "NODE_NAME_EXTRA", "Identity", "JSONValue", "KubeObject"]
 
 DRIVERS_GROUP = "dra-gatekeeper:drivers"
@@ -26,7 +28,7 @@ class Identity:
     """An authenticated caller. ``driver`` is the DRA driver name (audit ``user.username``)."""
 
     driver: str
-    transport: str
-    """``unix`` or ``mtls``."""
+    transport: ListenerKind
+    """The listener the caller came through (audit ``dra-gatekeeper.io/transport``)."""
     peer: Mapping[str, str] = field(default_factory=dict)
     """Peer facts for the audit event: uid/gid/pid (Unix) or certificate serial (mTLS)."""

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gatekeeper.audit.flow import Client, Flow
 from gatekeeper.errors import Refusal
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.conversation import Answer, Body, Fetch, conversation
 from gatekeeper.policy.decision import Decision
 from gatekeeper.proxy.state import Gatekeeper
@@ -34,7 +35,7 @@ async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity
     client = getattr(request.protocol, "client", None)
     if not isinstance(client, Client):
         raise Refusal(401, "connection not identified", "Unauthorized: no identity")
-    if client.listener != "token":
+    if client.listener is not ListenerKind.TOKEN:
         if client.identity is None:
             assert client.refusal is not None
             raise client.refusal

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gatekeeper.errors import Refusal
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.model import Policy, UnboundTokens
 from gatekeeper.types import NODE_NAME_EXTRA, Identity
 from gatekeeper.upstream.tokenreview import ReviewOutcome
@@ -79,4 +80,4 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
     for fact, extra in _TOKEN_FACTS.items():
         if extra is not None and (values := outcome.extra.get(extra)):
             peer[fact] = values[0]
-    return Identity(driver=driver, transport="token", peer=peer)
+    return Identity(driver=driver, transport=ListenerKind.TOKEN, peer=peer)
