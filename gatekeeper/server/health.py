@@ -145,9 +145,9 @@ class HealthServer(web.Server):
     A connection past ``cap`` closes the oldest one that is not answering a probe (idle between
     requests, its request not arrived yet, or a scrape waiting for its render), or itself when
     every other one is answering a probe: connections held idle or scraping cannot keep a
-    kubelet's probe out. ``idle_timeout`` is aiohttp's keep-alive timeout, which runs from a
-    connection's start as from each answer: a connection whose next request's headers are not
-    complete by then is closed.
+    kubelet's probe out. A connection whose next request has not arrived (headers complete)
+    within ``idle_timeout`` of its start or of its last answer is closed (also aiohttp's
+    keep-alive timeout).
     """
 
     def __init__(self, handler: Handler, *, cap: int, idle_timeout: float) -> None:
@@ -161,8 +161,10 @@ class HealthServer(web.Server):
         self.closed_over_cap = 0
         """Connections closed to keep the cap."""
         self._handler = handler
+        self._idle_timeout = idle_timeout
         self._held: OrderedDict[RequestHandler, asyncio.Transport] = OrderedDict()
         self._probing: set[RequestHandler] = set()
+        self._idle: dict[RequestHandler, asyncio.TimerHandle] = {}
 
     @property
     def held(self) -> int:
@@ -170,18 +172,31 @@ class HealthServer(web.Server):
         return len(self._held)
 
     async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
-        if request.path not in _PROBES:
-            return await self._handler(request)
         connection = request.protocol
-        self._probing.add(connection)
+        if (timer := self._idle.pop(connection, None)) is not None:
+            timer.cancel()
+        if request.path in _PROBES:
+            self._probing.add(connection)
         try:
             return await self._handler(request)
         finally:
             self._probing.discard(connection)
+            if connection in self._held:
+                self._watch_idle(connection)
+
+    def _watch_idle(self, handler: RequestHandler) -> None:
+        loop = asyncio.get_running_loop()
+        self._idle[handler] = loop.call_later(self._idle_timeout, self._close_idle, handler)
+
+    def _close_idle(self, handler: RequestHandler) -> None:
+        self._idle.pop(handler, None)
+        if (transport := self._held.pop(handler, None)) is not None:
+            transport.close()
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         self._held[handler] = transport
+        self._watch_idle(handler)
         if len(self._held) > self.cap:
             # The oldest connection not answering a probe; at worst the new one itself.
             victim = next(held for held in self._held if held not in self._probing)
@@ -198,6 +213,8 @@ class HealthServer(web.Server):
         super().connection_lost(handler, exc)
         self._held.pop(handler, None)
         self._probing.discard(handler)
+        if (timer := self._idle.pop(handler, None)) is not None:
+            timer.cancel()
 
 
 def health_server(readiness: Readiness, metrics: Metrics, limits: Limits) -> HealthServer:
