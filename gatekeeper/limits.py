@@ -72,10 +72,33 @@ class Limits:
     """Upstream connections for drivers' watches."""
     upstream_own: int = 16
     """Upstream connections reserved for the gatekeeper's own reads (fetch, dry run)."""
+    upstream_reviews: int = 4
+    """Upstream connections for TokenReviews (the token listener): reviews never make drivers'
+    requests or the gatekeeper's own reads wait, nor the reverse."""
     upstream_connect_timeout: float = 10.0
     """Seconds to connect to the upstream; then 504."""
     upstream_timeout: float = 60.0
     """Seconds without a byte of an upstream answer (not a watch); then 504."""
+
+    token_reviews: float = 20.0
+    """TokenReviews per second, the whole process, for callers of the token listener the
+    gatekeeper does not know yet (a token, connection and address no driver has shown); more:
+    429. A valid token's cached answer costs no review and is never limited."""
+    token_reviews_per_source: float = 2.0
+    """TokenReviews per second for such callers from one source address (an IPv6 /64; all of
+    loopback is one)."""
+    token_reviews_per_connection: float = 1.0
+    """TokenReviews per second on one connection of the token listener."""
+    token_refusals_per_connection: float = 1.0
+    """Answers per second to refused requests on one connection of the token listener (no
+    token, a token of no driver, over the review budget), after a burst of two: later ones are
+    held until their turn, so that one keep-alive connection cannot have any number of
+    requests answered."""
+    token_reviews_per_driver: float = 4.0
+    """TokenReviews per second kept for each driver apart from the rest: its own tokens asked
+    about again once their cached answer expired, a new token on a connection that carried
+    its token, or from an address it connected from within the hour (a rotated token). Past it
+    such a review takes its turn with everyone's."""
 
     def check(self) -> Limits:
         """This value, or ConfigError naming the first bound that is not positive."""
@@ -108,8 +131,32 @@ _FLAGS = {
     "--upstream-wait": ("upstream_wait", "seconds to wait for an upstream connection (then 503)"),
     "--upstream-connections": ("upstream_requests", "upstream connections for requests"),
     "--upstream-watch-connections": ("upstream_watches", "upstream connections for watches"),
+    "--upstream-review-connections": (
+        "upstream_reviews",
+        "upstream connections for TokenReviews (the token listener)",
+    ),
     "--upstream-connect-timeout": ("upstream_connect_timeout", "seconds to connect upstream"),
     "--upstream-timeout": ("upstream_timeout", "seconds an upstream answer may stall (504)"),
+    "--max-token-reviews": (
+        "token_reviews",
+        "TokenReviews per second for callers no driver's token vouched for yet, whole process",
+    ),
+    "--max-token-reviews-per-source": (
+        "token_reviews_per_source",
+        "TokenReviews per second for such callers from one source address (IPv6: one /64)",
+    ),
+    "--max-token-reviews-per-connection": (
+        "token_reviews_per_connection",
+        "TokenReviews per second on one token listener connection",
+    ),
+    "--max-token-refusals-per-connection": (
+        "token_refusals_per_connection",
+        "answers per second to refused requests on one token listener connection (then held)",
+    ),
+    "--max-token-reviews-per-driver": (
+        "token_reviews_per_driver",
+        "TokenReviews per second kept for each driver's own tokens, connections and addresses",
+    ),
 }
 
 
@@ -136,19 +183,30 @@ def descriptor_budget(limits: Limits, listeners: Collection[ListenerKind]) -> in
 
     A reserve (listening sockets, the audit log, file reads), the upstream pools, and each
     listener kind configured with its own caps: a drivers' listener up to ``connections_total``
-    drivers' connections and its unauthenticated bucket; the health listener its
-    ``health_connections`` and as many again (its listen backlog, accepted at once before the
-    cap can close any).
+    drivers' connections and its unauthenticated bucket; the token listener also its
+    TokenReviews' upstream pool; the health listener its ``health_connections`` and as many
+    again (its listen backlog, accepted at once before the cap can close any).
     """
-    budget = _RESERVED_DESCRIPTORS + limits.upstream_own
-    budget += limits.upstream_requests + limits.upstream_watches
-    return budget + sum(_listener_descriptors(limits, kind) for kind in set(listeners))
+    kinds = set(listeners)
+    drivers = sum(1 for kind in kinds if kind.serves_drivers) * _per_drivers_listener(limits)
+    upstream = limits.upstream_requests + limits.upstream_watches
+    return _set_apart(limits, kinds) + drivers + upstream
 
 
-def _listener_descriptors(limits: Limits, kind: ListenerKind) -> int:
-    if kind.serves_drivers:
-        return limits.connections_total + limits.connections_unauthenticated
-    return 2 * limits.health_connections
+def _per_drivers_listener(limits: Limits) -> int:
+    """A drivers' listener's connections (the part fitting may lower)."""
+    return limits.connections_total + limits.connections_unauthenticated
+
+
+def _set_apart(limits: Limits, kinds: set[ListenerKind]) -> int:
+    """The descriptors fitting leaves as they are: the reserve, the gatekeeper's own upstream
+    pool, the TokenReviews' pool (with the token listener), the health listener's."""
+    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
+    if ListenerKind.TOKEN in kinds:
+        fixed += limits.upstream_reviews
+    if ListenerKind.HEALTH in kinds:
+        fixed += 2 * limits.health_connections
+    return fixed
 
 
 def fit_to_descriptors(
@@ -158,7 +216,7 @@ def fit_to_descriptors(
     descriptor limit is never hit first: their :func:`descriptor_budget` fits ``soft_limit``.
 
     ``soft_limit`` defaults to the soft ``RLIMIT_NOFILE``, raised to the hard one first, as Go
-    programs do. The reserve, the gatekeeper's own upstream pool and the health listener (an
+    programs do. The reserve, the gatekeeper's own upstream pools and the health listener (an
     eighth of the limit at most) are set apart first, so the health listener never takes a
     descriptor a driver's connection needs. What is left goes to the drivers' listeners (each
     kind configured alike, a quarter of its share at most to its unauthenticated bucket) and to
@@ -173,10 +231,8 @@ def fit_to_descriptors(
     if ListenerKind.HEALTH in kinds and 2 * limits.health_connections > soft_limit // 8:
         fitted = replace(fitted, health_connections=max(4, soft_limit // 16))
     drivers = [kind for kind in kinds if kind.serves_drivers]
-    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
-    fixed += sum(_listener_descriptors(fitted, kind) for kind in kinds - set(drivers))
-    available = max(32, soft_limit - fixed)
-    drivers_need = sum(_listener_descriptors(limits, kind) for kind in drivers)
+    available = max(32, soft_limit - _set_apart(fitted, kinds))
+    drivers_need = len(drivers) * _per_drivers_listener(limits)
     upstream_need = limits.upstream_requests + limits.upstream_watches
     share = max(available // 2, available - upstream_need) // max(1, len(drivers))
     if drivers_need > len(drivers) * share:

@@ -23,10 +23,12 @@ def test_each_configured_listener_kind_counts_with_its_own_caps() -> None:
     listener: each added kind adds exactly its caps."""
     limits = Limits(connections_total=100, connections_unauthenticated=10, health_connections=7)
     alone = descriptor_budget(limits, [])
+    reviews = limits.upstream_reviews  # the token listener's TokenReviews have their own pool
     for kind in DRIVER_KINDS:
-        assert descriptor_budget(limits, [kind]) - alone == 100 + 10
+        pool = reviews if kind is ListenerKind.TOKEN else 0
+        assert descriptor_budget(limits, [kind]) - alone == 100 + 10 + pool
     assert descriptor_budget(limits, [ListenerKind.HEALTH]) - alone == 2 * 7
-    assert descriptor_budget(limits, EVERY_KIND) - alone == 3 * (100 + 10) + 2 * 7
+    assert descriptor_budget(limits, EVERY_KIND) - alone == 3 * (100 + 10) + reviews + 2 * 7
     # A kind is counted once, however many listeners of it (one Unix socket per driver).
     doubled = [*EVERY_KIND, ListenerKind.UNIX, ListenerKind.UNIX]
     assert descriptor_budget(limits, doubled) == descriptor_budget(limits, EVERY_KIND)

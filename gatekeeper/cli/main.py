@@ -167,10 +167,11 @@ def _add_token_arguments(serve: _Group) -> None:
     add(
         "--token-cache-ttl",
         type=float,
-        default=10.0,
+        default=2.0,
         metavar="SECONDS",
-        help="reuse a positive TokenReview this long at most, never past the token's expiry "
-        "(default: 10; at most 60)",
+        help="reuse a positive TokenReview this long at most (counted from when it was asked), "
+        "never past the token's expiry: the most a token works after the apiserver stopped "
+        "accepting it (default: 2; at most 10)",
     )
 
 

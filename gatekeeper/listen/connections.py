@@ -31,10 +31,13 @@ from aiohttp.web_server import Server
 from gatekeeper.audit.flow import Client
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.listen.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision
+from gatekeeper.proxy.deciding import Connection
 from gatekeeper.proxy.pipeline import build_handler
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.status import status_body
+from gatekeeper.upstream.reviewbudget import ReviewCaller, source_key
 
 __all__ = ["GuardedRunner"]
 
@@ -44,7 +47,7 @@ _LINGER = 1.0
 """Seconds a refused connection is kept half-closed so the client can read its 429."""
 
 
-class _GuardedHandler(RequestHandler):
+class _GuardedHandler(RequestHandler, Connection):
     """aiohttp's connection protocol, with the guard's caps, header timeout and Status errors."""
 
     guard: ClassVar[ConnectionGuard]
@@ -53,6 +56,8 @@ class _GuardedHandler(RequestHandler):
     in :meth:`connection_made`; :meth:`ConnectionGuard.attribute` moves it to a driver."""
     client: Client | None = None
     """Who this connection is, known when it was made (read by every request on it)."""
+    reviews: ReviewCaller
+    """This connection in the token listener's review budget (its address, its buckets)."""
     _refused = False
     _refused_transport: asyncio.BaseTransport | None = None
     _header_timer: asyncio.TimerHandle | None = None
@@ -63,6 +68,9 @@ class _GuardedHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.client = client = self.guard.client_of(transport)
+        token = client.listener is ListenerKind.TOKEN
+        peer = transport.get_extra_info("peername") if token else None
+        self.reviews = ReviewCaller(source_key(peer[0] if isinstance(peer, tuple) else None))
         listener, driver = client.listener, self.guard.driver_of(client)
         ticket, why = self.ticket, ""
         if ticket is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gatekeeper.audit import AuditLevel, AuditSink
@@ -9,6 +10,7 @@ from gatekeeper.policy import Engine
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.inflight import InFlight
 from gatekeeper.upstream.session import Upstream
+from gatekeeper.upstream.tokenfailures import TokenFailure
 from gatekeeper.upstream.tokenreview import TokenReviewer
 
 __all__ = ["Gatekeeper"]
@@ -29,6 +31,8 @@ class Gatekeeper:
     """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
     token_ports: set[int] = field(default_factory=set)
     """Local ports of the token listener: a connection to one shows a token, not a cert."""
+    token_failed: Callable[[TokenFailure], None] = lambda failure: None
+    """Told of every token listener request that is no driver's, and why (the metric)."""
 
     @property
     def node_name(self) -> str:

@@ -1,17 +1,23 @@
 """The token listener's callers: a driver's own service-account token, reviewed per request
-(DESIGN §4.2); the review is cached (:mod:`gatekeeper.upstream.tokenreview`)."""
+(DESIGN §4.2); the review is cached and budgeted (:mod:`gatekeeper.upstream.tokenreview`).
+
+Every way a request there fails to be a driver's is a
+:class:`~gatekeeper.upstream.tokenfailures.TokenFailure` (re-exported here), carried by the
+:class:`TokenRefusal` that answers it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gatekeeper.errors import Refusal
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.model import Policy, UnboundTokens
 from gatekeeper.types import NODE_NAME_EXTRA, Identity
+from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
 from gatekeeper.upstream.tokenreview import ReviewOutcome
 
-__all__ = ["bearer_token", "token_identity"]
+__all__ = ["TokenFailure", "TokenRefusal", "bearer_token", "token_driver", "token_identity"]
+
 
 _SA_PREFIX = "system:serviceaccount:"
 # What of a reviewed token goes into the audit event (never the token itself).
@@ -30,7 +36,8 @@ def bearer_token(headers: Mapping[str, str]) -> str:
     scheme, _, token = value.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
-        raise Refusal(
+        raise TokenRefusal(
+            TokenFailure.NO_BEARER,
             401,
             "no bearer token on the token listener",
             "Unauthorized: this listener identifies drivers by their service account token "
@@ -45,12 +52,15 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
     node; 401 or 403 naming the rule otherwise."""
     if not outcome.authenticated:
         why = outcome.error or "the token was not authenticated"
-        raise Refusal(401, f"token review: {why}", f"Unauthorized: {why}")
+        raise TokenRefusal(
+            TokenFailure.REJECTED, 401, f"token review: {why}", f"Unauthorized: {why}"
+        )
     user = outcome.username
     driver = policy.service_accounts.get(user)
     if driver is None:
         account = user.removeprefix(_SA_PREFIX).replace(":", "/", 1)
-        raise Refusal(
+        raise TokenRefusal(
+            TokenFailure.UNMAPPED,
             403,
             f"{user} is not mapped to a driver (policy serviceAccounts)",
             f'User "{user}" is not a driver on node "{node_name}": '
@@ -62,7 +72,8 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
         )
     nodes = outcome.extra.get(NODE_NAME_EXTRA, ())
     if not nodes and policy.unbound_tokens is not UnboundTokens.ALLOW:
-        raise Refusal(
+        raise TokenRefusal(
+            TokenFailure.UNBOUND,
             403,
             f"token of {user} is bound to no node",
             f'User "{user}": the token names no node ({NODE_NAME_EXTRA}): a token not bound to '
@@ -70,7 +81,8 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
             "(policy unboundTokens: Refuse)",
         )
     if nodes and tuple(nodes) != (node_name,):
-        raise Refusal(
+        raise TokenRefusal(
+            TokenFailure.WRONG_NODE,
             403,
             f"token of {user} is bound to node {nodes[0]}",
             f'User "{user}": the token is bound to a pod on node "{nodes[0]}", not this node '
@@ -81,3 +93,11 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
         if extra is not None and (values := outcome.extra.get(extra)):
             peer[fact] = values[0]
     return Identity(driver=driver, transport=ListenerKind.TOKEN, peer=peer)
+
+
+def token_driver(outcome: ReviewOutcome, policy: Policy, node_name: str) -> str | None:
+    """The driver ``outcome`` identifies on this node (as :func:`token_identity`), or None."""
+    try:
+        return token_identity(outcome, policy, node_name).driver
+    except TokenRefusal:
+        return None

@@ -16,6 +16,7 @@ from gatekeeper.codec.kubeproto import (
     PROTOBUF,
     Envelope,
     ProtobufError,
+    ProtobufProblem,
     delete_options,
     read_envelope,
 )
@@ -65,7 +66,8 @@ class EncodedBody:
 
 def read_encoded(raw: bytes, media_type: str, verb: str) -> EncodedBody | dict[str, object]:
     """A protobuf or CBOR body of ``verb``: an :class:`EncodedBody` for create and update, the
-    JSON DeleteOptions of a protobuf delete; a 415 or 400 :class:`Refusal` otherwise."""
+    JSON DeleteOptions of a protobuf delete; a 415 or 400 :class:`Refusal` otherwise (400 also
+    for a protobuf body the apiserver could read differently from the gatekeeper)."""
     if verb in _DELETE_VERBS and media_type == PROTOBUF:
         try:
             return delete_options(raw)
@@ -77,6 +79,12 @@ def read_encoded(raw: bytes, media_type: str, verb: str) -> EncodedBody | dict[s
         try:
             return EncodedBody(raw, media_type, read_envelope(raw))
         except ProtobufError as exc:
+            if exc.problem is ProtobufProblem.AMBIGUOUS:
+                # SECURITY: DESIGN §4.4 — the apiserver could read a value here that the
+                # gatekeeper does not (an aliased ObjectMeta unpins the update): nothing of it
+                # goes upstream, not even the dry run.
+                raise Refusal(400, f"protobuf request body: {exc}") from None
+            # Bytes the apiserver refuses too: its dry run's own error is what the driver gets.
             return EncodedBody(raw, media_type, unreadable=str(exc))
     # SECURITY: DESIGN §4.4 — a CBOR update or delete body would have to be read or pinned
     # without a CBOR codec; client-go falls back to JSON for good after a 415 to CBOR.

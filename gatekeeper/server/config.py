@@ -82,8 +82,10 @@ class ServeConfig:
     token_tls: ServerTLS | None = None
     token_audiences: tuple[str, ...] = ()
     """Audiences the TokenReview asks for; none: the apiserver's own (in-cluster tokens')."""
-    token_cache_ttl: float = 10.0
-    """Seconds a positive TokenReview is reused at most (never past the token's exp)."""
+    token_cache_ttl: float = 2.0
+    """Seconds a positive TokenReview is reused at most, counted from when it was asked (never
+    past the token's exp): how much longer than the apiserver the gatekeeper may accept a token
+    (docs/security.md, "How long a token works")."""
     health_listen: tuple[str, int] | None = None
     audit: AuditSettings = AuditSettings()
     shutdown_grace: float = 30.0
@@ -138,7 +140,9 @@ _NO_LISTENER = (
     "at least one listener is required: --socket-dir DIR, --listen HOST:PORT (mTLS) or "
     "--listen-token HOST:PORT (service-account tokens)"
 )
-_MAX_TOKEN_CACHE = 60.0
+_MAX_TOKEN_CACHE = 10.0
+"""The apiserver's own token cache keeps a deleted pod's token working about 10 s: the
+gatekeeper never more than doubles that (docs/security.md)."""
 
 
 def build_serve_config(
@@ -156,7 +160,7 @@ def build_serve_config(
     client_ca_file: str | None,
     listen_token: str | None = None,
     token_audiences: Sequence[str] = (),
-    token_cache_ttl: float = 10.0,
+    token_cache_ttl: float = 2.0,
     audit_log: str | None = None,
     audit_level: str | None = None,
     audit_max_size_mb: int = 0,

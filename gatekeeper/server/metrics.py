@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from gatekeeper.audit import AuditSink, JsonLinesWriter
 from gatekeeper.server.rules import rule_of
 from gatekeeper.upstream.session import AnswerHook
+from gatekeeper.upstream.tokenfailures import TokenFailure
 
 __all__ = [
     "CONTENT_TYPE",
@@ -124,6 +125,16 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.token_failures = Counter(
+            "dra_gatekeeper_token_failures",
+            "Requests on the token listener that were no driver's, by reason: no-bearer, "
+            "rate-limited (review budget), review-unavailable, rejected (by the TokenReview), "
+            "unmapped-service-account, unbound, wrong-node.",
+            ["reason"],
+            registry=r,
+        )
+        for failure in TokenFailure:
+            self.token_failures.labels(failure.value)  # every series from the start, at 0
         self.reloads = Counter(
             "dra_gatekeeper_reloads",
             "Reloads of a watched file (policy, token, tls), by result (ok or error).",
@@ -143,6 +154,10 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("dra_gatekeeper_ready", "1 when /readyz answers ok.", registry=r)
+
+    def token_failed(self, failure: TokenFailure) -> None:
+        """Count a token listener request that was no driver's."""
+        self.token_failures.labels(failure.value).inc()
 
     def render(self) -> bytes:
         """The exposition text, rendered now."""

@@ -30,6 +30,7 @@ from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Policy
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.proxy.tokens import token_driver
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.expiry import CertificateExpiry
 from gatekeeper.server.health import (
@@ -43,8 +44,9 @@ from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
 from gatekeeper.types import Identity, KubeObject
+from gatekeeper.upstream.reviewbudget import ReviewBudget
 from gatekeeper.upstream.session import Upstream, UpstreamSession, request
-from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, TokenReviewer
+from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, ReviewOutcome, TokenReviewer
 
 __all__ = [
     "SOCKET_NAME",
@@ -203,6 +205,7 @@ class GatekeeperServer:
             audit_level=config.audit.level,
             budgets=DriverBudgets(config.limits),
             tokens=self._token_reviewer() if config.listen_token is not None else None,
+            token_failed=self.metrics.token_failed,
         )
         self.readiness = Readiness(
             upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
@@ -266,13 +269,19 @@ class GatekeeperServer:
         return runner
 
     def _token_reviewer(self) -> TokenReviewer:
-        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials."""
+        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials, in
+        their own upstream pool, within the review budget (docs/security.md)."""
 
         async def review(body: KubeObject) -> tuple[int, KubeObject]:
-            return await request(self.upstream, "POST", TOKEN_REVIEWS, body)
+            return await request(self.upstream, "POST", TOKEN_REVIEWS, body, pool="reviews")
+
+        def driver_of(outcome: ReviewOutcome) -> str | None:
+            return token_driver(outcome, self.engine.policy, self.config.node_name)
 
         return TokenReviewer(
             review,
+            budget=ReviewBudget(self.config.limits),
+            driver_of=driver_of,
             audiences=self.config.token_audiences,
             ttl=self.config.token_cache_ttl,
             on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),

@@ -44,13 +44,13 @@ MAX_OBJECT_BYTES = 16 * 1024 * 1024
 
 _JSON = "application/json"
 
-Pool = Literal["own", "requests", "watches"]
+Pool = Literal["own", "requests", "watches", "reviews"]
+"""Whose request it is: the gatekeeper's own reads (fetch, dry run), drivers' requests, drivers'
+watches, the token listener's TokenReviews. Each has its own connections (README, "Limits")."""
 AnswerHook = Callable[[str, float, aiohttp.ClientResponse, bool], None]
 """Called once the upstream's response headers arrived: method, seconds taken, the response,
 and whether it is a watch (metrics and shutdown keep track of them; no aiohttp trace, whose
 signals cost every request a dozen awaits)."""
-"""Whose request it is: the gatekeeper's own reads (fetch, dry run), drivers' requests, drivers'
-watches. Each has its own connections (README, "Limits")."""
 
 
 class UpstreamResponse(Protocol):
@@ -90,16 +90,23 @@ class Upstream(Protocol):
 
 
 async def request(
-    upstream: Upstream, method: str, target: str, body: Any = None, media_type: str = _JSON
+    upstream: Upstream,
+    method: str,
+    target: str,
+    body: Any = None,
+    media_type: str = _JSON,
+    *,
+    pool: Pool = "own",
 ) -> tuple[int, KubeObject]:
-    """One request of the gatekeeper's own (a dry run, a token review), answered in JSON: status
-    and object. ``body`` is JSON-encoded unless it is bytes already (an encoded body)."""
+    """One request of the gatekeeper's own (a dry run; a token review, in ``pool`` "reviews"),
+    answered in JSON: status and object. ``body`` is JSON-encoded unless it is bytes already
+    (an encoded body)."""
     headers = {"Accept": _JSON}
     payload = None
     if body is not None:
         headers["Content-Type"] = media_type
         payload = body if isinstance(body, bytes) else jsoncodec.dumps(body)
-    async with upstream.stream(method, target, headers, payload, pool="own") as response:
+    async with upstream.stream(method, target, headers, payload, pool=pool) as response:
         obj = await read_json_object(response.chunks(), target, limit=MAX_OBJECT_BYTES)
     return response.status, obj
 
@@ -180,13 +187,16 @@ class UpstreamSession:
         self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
         self._on_answer = on_answer
         self.limits = limits
-        # SECURITY: README "Limits" — three pools, so that drivers' watches (which hold a
+        # SECURITY: README "Limits" — four pools, so that drivers' watches (which hold a
         # connection for as long as they last) never make the gatekeeper's own reads, or other
-        # drivers' requests, wait: "own" (fetches, previews), "requests", "watches".
+        # drivers' requests, wait: "own" (fetches, previews), "requests", "watches"; and
+        # TokenReviews, which anyone who reaches the token listener can cause (DESIGN §4.2,
+        # docs/security.md), wait only for each other: "reviews".
         self.pools = {
             "own": _Pool("the gatekeeper's own reads", limits.upstream_own),
             "requests": _Pool("drivers' requests", limits.upstream_requests),
             "watches": _Pool("drivers' watches", limits.upstream_watches),
+            "reviews": _Pool("token reviews", limits.upstream_reviews),
         }
         connect = limits.upstream_connect_timeout
         self._timeouts = {

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +20,19 @@ from kubernetes.config.incluster_config import (
     InClusterConfigLoader,
 )
 
-from gatekeeper.apiserver import TOKEN_KINDS, APIServer
-from gatekeeper.cli.served import served_kinds
+from gatekeeper.apiserver import APIServer
 from gatekeeper.policy import Policy
-from gatekeeper.server.config import token_ssl_context
-from gatekeeper.testing.harness import (
-    GPU,
-    NODE,
-    NODE_TOKEN,
-    PINNED,
-    PKI,
-    RecordingSink,
-    Running,
-    metric_value,
-    running_gatekeeper,
-    slice_body,
+from gatekeeper.testing.harness import GPU, NODE, PINNED, PKI, metric_value, slice_body
+from tests.tokencluster import (
+    REVIEWS,
+    SA,
+    TokenGatekeeper,
+    call,
+    start,
+    token,
+    token_cluster,
 )
 
-SA = "system:serviceaccount:gpu-system:gpu-driver"
-REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
@@ -50,90 +43,14 @@ def token_policy(policy: Policy) -> Policy:
 
 @pytest.fixture
 async def cluster(token_policy: Policy) -> AsyncIterator[APIServer]:
-    """The embedded API server with what TokenRequests need: nodes, service accounts, pods
-    (the driver's on this node and on node-b, and another service account's)."""
-    api = APIServer((*served_kinds(token_policy), *TOKEN_KINDS), token=NODE_TOKEN)
-    await api.start()
-    for node in (NODE, "node-b"):
-        api.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-    for name in ("gpu-driver", "other"):
-        api.add(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": name, "namespace": "gpu-system"},
-            }
-        )
-    for pod, node, account in (
-        ("plugin-a", NODE, "gpu-driver"),
-        ("plugin-b", "node-b", "gpu-driver"),
-        ("other-a", NODE, "other"),
-    ):
-        api.add(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": pod, "namespace": "gpu-system"},
-                "spec": {"nodeName": node, "serviceAccountName": account},
-            }
-        )
-    yield api
-    await api.close()
-
-
-@dataclass
-class TokenGatekeeper:
-    running: Running
-    sink: RecordingSink
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.running.server.token_port}"
-
-    def context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=self.running.pki.path("ca.crt"))
-
-
-async def start(
-    cluster: APIServer, policy: Policy, pki: PKI, **options: Any
-) -> AsyncIterator[TokenGatekeeper]:
-    sink = RecordingSink()
-    async with running_gatekeeper(
-        cluster,
-        policy,
-        pki,
-        audit_sink=sink,
-        listen=None,
-        listen_tls=None,
-        listen_token=("127.0.0.1", 0),
-        token_tls=token_ssl_context(pki.path("server.crt"), pki.path("server.key")),
-        **options,
-    ) as running:
-        yield TokenGatekeeper(running, sink)
+    async with token_cluster(token_policy) as api:
+        yield api
 
 
 @pytest.fixture
 async def gk(cluster: APIServer, token_policy: Policy, pki: PKI) -> AsyncIterator[TokenGatekeeper]:
-    async for started in start(cluster, token_policy, pki):
+    async with start(cluster, token_policy, pki) as started:
         yield started
-
-
-def token(
-    cluster: APIServer, pod: str | None = "plugin-a", account: str = "gpu-driver", **kw: Any
-) -> str:
-    return cluster.tokens.mint("gpu-system", account, pod=pod, **kw)
-
-
-async def call(
-    gk: TokenGatekeeper, method: str, target: str, bearer: str | None, body: Any = None
-) -> tuple[int, dict[str, str], Any]:
-    headers = {} if bearer is None else {"Authorization": f"Bearer {bearer}"}
-    connector = aiohttp.TCPConnector(ssl=gk.context())
-    async with (
-        aiohttp.ClientSession(connector=connector) as session,
-        session.request(method, gk.url + target, headers=headers, json=body) as answer,
-    ):
-        return answer.status, dict(answer.headers), await answer.json()
 
 
 async def test_the_official_client_as_in_a_pod(
@@ -249,7 +166,7 @@ async def test_one_review_per_token_however_many_requests(
 async def test_a_deleted_pods_token_stops_working_when_the_cache_expires(
     cluster: APIServer, token_policy: Policy, pki: PKI
 ) -> None:
-    async for started in start(cluster, token_policy, pki, token_cache_ttl=0.3):
+    async with start(cluster, token_policy, pki, token_cache_ttl=0.3) as started:
         secret = token(cluster)
         assert (await call(started, "GET", f"{SLICES}?{PINNED}", secret))[0] == 200
         cluster.store.delete(("", "pods"), ("gpu-system", "plugin-a"))

@@ -1,4 +1,5 @@
-"""Build the real tier's Go programs (kube-apiserver, etcd, the DRA driver) once per source.
+"""Build the real tier's Go programs (kube-apiserver, etcd, the DRA driver, the protobuf
+differential decoder) once per source.
 
 The binaries go to a cache directory outside the checkout, named by a hash of this Go module's
 sources and the Go version, so a warm rebuild is a directory lookup and a changed source gets
@@ -23,7 +24,7 @@ __all__ = ["BINARIES", "MODULE", "Binaries", "GoMissing", "build", "cache_root"]
 
 MODULE = Path(__file__).resolve().parent
 """The Go module (go.mod, go.sum and cmd/ checked in)."""
-BINARIES = ("kube-apiserver", "etcd", "dradriver")
+BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff")
 _CACHE_ENV = "DRA_GATEKEEPER_CACHE"
 
 
