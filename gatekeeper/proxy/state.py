@@ -8,6 +8,8 @@ from gatekeeper.audit import AuditLevel, AuditSink
 from gatekeeper.policy import Engine
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.inflight import InFlight
+from gatekeeper.proxy.listing import ListReads
+from gatekeeper.proxy.sharedreads import SharedReads
 from gatekeeper.upstream.session import Upstream
 from gatekeeper.upstream.tokenreview import TokenReviewer
 
@@ -29,6 +31,9 @@ class Gatekeeper:
     """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
     token_ports: set[int] = field(default_factory=set)
     """Local ports of the token listener: a connection to one shows a token, not a cert."""
+    filtered_reads: ListReads = field(default_factory=SharedReads)
+    """Filtered lists read once for every identical request waiting (docs/operating.md,
+    "Filtered reads")."""
 
     @property
     def node_name(self) -> str:
