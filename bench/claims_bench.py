@@ -1,7 +1,8 @@
 """Filtered claim reads at scale: the gatekeeper's memory and another driver's latency while one
-driver lists and watches a big cluster's claims (README, "Filtered reads").
+driver lists and watches a big cluster's claims (docs/operating.md, "Filtered reads").
 
-Usage: python bench/claims_bench.py [--claims N] [--lists L] [--watches W] [--seconds S]
+Usage: python bench/claims_bench.py [--claims N] [--lists L] [--limit N] [--watches W]
+                                    [--seconds S] [--upstream fixed|embedded]
                                     [--gatekeeper-src DIR] [--serve-flag=--max-… ...] [--json]
 
 The cluster holds N ResourceClaims (default 2,501, ~9 MB as a list), one of them allocated to
@@ -10,12 +11,16 @@ the embedded API server) runs in a process of its own, the gatekeeper
 (``python -m gatekeeper serve``, from this checkout or ``--gatekeeper-src``, e.g. an export of
 another commit) in another, and the noisy driver in a third, so that this process only measures:
 
+0. burst: GPU sends L claim lists at once, once: the upstream pages they cost;
 1. alone: driver NIC GETs its own slice (one at a time) for S seconds, each GET followed by
    the same GET straight from the upstream: p50/p99 of both (the upstream's share);
-2. noisy: the same while GPU keeps L claim lists and W claim watches going at once, each
-   watch continuing the list's resourceVersion (so the gatekeeper re-reads the list at that
-   version first), honouring Retry-After on a 429 as client-go does;
-3. the gatekeeper's RSS before, its peak (VmHWM) and the growth, against one list's size.
+2. noisy: the same while GPU keeps L claim lists (``limit`` per page, following continue as
+   client-go's pager does) and W claim watches going at once, each watch continuing the
+   list's resourceVersion (so the gatekeeper re-reads the list at that version first),
+   honouring Retry-After on a 429 as client-go does;
+3. the gatekeeper's RSS before, its peak (VmHWM) and the growth, against one list's size;
+4. the upstream's claim list pages served meanwhile (the upstream counts them), per list GPU
+   completed: what one driver's lists cost the upstream.
 
 Everything on loopback and Unix sockets; every loop bounded by --seconds.
 """
@@ -35,6 +40,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 
@@ -75,8 +81,14 @@ def claim(index: int, driver: str, node: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _upstream_process(claims: int, out: Any) -> None:
-    """The embedded API server with the cluster's claims, in a process of its own."""
+def _is_page(path: str, query: Any) -> bool:
+    """Whether a request is a page of the claim list (not a watch)."""
+    return path == CLAIMS and query.get("watch") not in ("true", "1")
+
+
+def _upstream_process(claims: int, out: Any, pages: Any) -> None:
+    """The embedded API server with the cluster's claims, in a process of its own; ``pages``
+    counts the claim list pages it served (from its journal)."""
 
     async def serve() -> None:
         apiserver = APIServer(served_kinds(load_policy(None)), token=TOKEN)
@@ -85,15 +97,23 @@ def _upstream_process(claims: int, out: Any) -> None:
             apiserver.add(claim(index, NIC, f"node-{index % 50 + 1:02d}"))
         apiserver.add(claim(claims - 1, GPU, NODE))
         apiserver.add(resource_slice("node-a-nic", driver=NIC, node=NODE, pool=NODE))
+        apiserver.journal_limit = 10**9  # every page counted
         out.put(url)
-        await asyncio.Event().wait()
+        counted = 0
+        while True:
+            journal = apiserver.journal
+            for entry in journal[counted:]:
+                pages.value += _is_page(entry.path, parse_qs(entry.query_string))
+            counted = len(journal)
+            await asyncio.sleep(0.1)
 
     asyncio.run(serve())
 
 
-def _fixed_process(claims: int, out: Any) -> None:
+def _fixed_process(claims: int, out: Any, served: Any) -> None:
     """An upstream that answers from bytes rendered once (pages by ``limit``/``continue``,
-    watches held open): the gatekeeper's own work is what is measured, not the upstream's."""
+    watches held open): the gatekeeper's own work is what is measured, not the upstream's.
+    ``served`` counts the claim list pages it answered."""
     from aiohttp import web
 
     from gatekeeper.server.runtime import loop_factory
@@ -122,6 +142,7 @@ def _fixed_process(claims: int, out: Any) -> None:
             await asyncio.sleep(float(query.get("timeoutSeconds", "60")))
             return response
         body = page(int(query.get("limit", "0") or 0), int(query.get("continue", "0") or 0))
+        served.value += 1
         return web.Response(body=body, content_type="application/json")
 
     async def fixed(request: web.Request) -> web.Response:
@@ -193,16 +214,17 @@ async def quiet(work: Path, seconds: float, upstream: str) -> dict[str, Any]:
     return result
 
 
-async def noisy(work: Path, seconds: float, lists: int, watches: int) -> dict[str, Any]:
-    """GPU: ``lists`` claim lists and ``watches`` primed claim watches at once, for ``seconds``."""
+async def noisy(work: Path, seconds: float, lists: int, limit: int, watches: int) -> dict[str, Any]:
+    """GPU: ``lists`` claim lists (pages of ``limit``) and ``watches`` primed claim watches at
+    once, for ``seconds``."""
     codes: Counter[str] = Counter()
     deadline = time.monotonic() + seconds
     seen: set[str] = set()
     async with session(work, GPU) as gpu:
 
         async def listing() -> str:
-            """A list as client-go's pager makes it: pages of 500, following continue."""
-            params = {"limit": "500"}
+            """A list as client-go's pager makes it: pages of ``limit``, following continue."""
+            params = {"limit": str(limit)}
             while True:
                 async with gpu.get(CLAIMS, params=params) as response:
                     body = await response.read()
@@ -213,8 +235,9 @@ async def noisy(work: Path, seconds: float, lists: int, watches: int) -> dict[st
                 document = json.loads(body)
                 seen.update(i["metadata"]["name"] for i in document["items"])
                 if not document["metadata"].get("continue"):
+                    codes["lists completed"] += 1
                     return str(document["metadata"]["resourceVersion"])
-                params = {"limit": "500", "continue": document["metadata"]["continue"]}
+                params = {"limit": str(limit), "continue": document["metadata"]["continue"]}
 
         rv = await listing()
 
@@ -237,8 +260,30 @@ async def noisy(work: Path, seconds: float, lists: int, watches: int) -> dict[st
     return {"codes": dict(codes), "names_seen": sorted(seen)}
 
 
-def _noisy_process(work: str, seconds: float, lists: int, watches: int, out: Any) -> None:
-    out.put(asyncio.run(noisy(Path(work), seconds, lists, watches)))
+async def burst(work: Path, lists: int, limit: int) -> dict[str, Any]:
+    """GPU: ``lists`` claim lists sent at once, once (pages of ``limit``, following continue)."""
+    async with session(work, GPU) as gpu:
+
+        async def listing() -> int:
+            params = {"limit": str(limit)}
+            while True:
+                async with gpu.get(CLAIMS, params=params) as response:
+                    if response.status != 200:
+                        return response.status
+                    document = json.loads(await response.read())
+                if not document["metadata"].get("continue"):
+                    return 200
+                params = {"limit": str(limit), "continue": document["metadata"]["continue"]}
+
+        began = time.perf_counter()
+        codes = Counter(await asyncio.gather(*(listing() for _ in range(lists))))
+    return {"codes": dict(codes), "seconds": round(time.perf_counter() - began, 2)}
+
+
+def _noisy_process(
+    work: str, seconds: float, lists: int, limit: int, watches: int, out: Any
+) -> None:
+    out.put(asyncio.run(noisy(Path(work), seconds, lists, limit, watches)))
 
 
 async def list_size(url: str) -> int:
@@ -250,33 +295,44 @@ async def list_size(url: str) -> int:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     urls = context.Queue()
+    pages = context.Value("q", 0)
     serve = _fixed_process if args.upstream == "fixed" else _upstream_process
-    upstream = context.Process(target=serve, args=(args.claims, urls), daemon=True)
+    upstream = context.Process(target=serve, args=(args.claims, urls, pages), daemon=True)
     upstream.start()
     url = await asyncio.to_thread(urls.get, True, 120)
     work = Path(tempfile.mkdtemp(prefix="gk-claims-bench-"))
     process, health = start_gatekeeper(url, work, args.gatekeeper_src, args.serve_flag)
     results: dict[str, Any] = {
-        "claims": args.claims, "lists": args.lists, "watches": args.watches,
+        "claims": args.claims, "lists": args.lists, "limit": args.limit, "watches": args.watches,
         "seconds": args.seconds, "upstream": args.upstream, "flags": args.serve_flag,
         "load_before": os.getloadavg()[0],
     }  # fmt: skip
     try:
         await wait_ready(health, tries=400)
         results["list_bytes"] = await list_size(url)
+        before = pages.value
+        results["burst"] = await burst(work, args.lists, args.limit)
+        await asyncio.sleep(0.3)  # the embedded upstream counts its journal every 0.1 s
+        results["burst"]["upstream_pages"] = pages.value - before
         results["alone"] = await quiet(work, args.seconds, url)
         rss_start, _ = rss_kib(process.pid)
         results["rss_start_kib"] = rss_start
         out = context.Queue()
+        pages_before = pages.value
         neighbour = context.Process(
             target=_noisy_process,
-            args=(str(work), args.seconds + 4, args.lists, args.watches, out),
+            args=(str(work), args.seconds + 4, args.lists, args.limit, args.watches, out),
         )
         neighbour.start()
         await asyncio.sleep(2.0)  # the neighbour at full load before measuring
         results["noisy"] = await quiet(work, args.seconds, url)
         results["neighbour"] = await asyncio.to_thread(out.get, True, 300)
         neighbour.join(30)
+        await asyncio.sleep(0.3)  # the embedded upstream counts its journal every 0.1 s
+        served = pages.value - pages_before
+        completed = results["neighbour"]["codes"].get("lists completed", 0)
+        results["upstream_pages"] = served
+        results["upstream_pages_per_list"] = round(served / max(completed, 1), 2)
         rss_end, peak = rss_kib(process.pid)
         results.update(rss_end_kib=rss_end, rss_peak_kib=peak)
         growth = (peak - rss_start) * 1024
@@ -297,6 +353,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=2501)
     parser.add_argument("--lists", type=int, default=32)
+    parser.add_argument("--limit", type=int, default=500, help="the lists' limit per page")
     parser.add_argument("--watches", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument(

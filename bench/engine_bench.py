@@ -13,6 +13,7 @@ from typing import Any
 
 from bench.fixtures import DRIVER, NODE, PINNED_QUERY, SLICES, item_slice, slice_body
 from gatekeeper.listen.identity import Identity
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Engine, load_policy
 from gatekeeper.policy.decision import Decision
 from gatekeeper.request.requestinfo import parse_request
@@ -131,7 +132,7 @@ def _time(fn: Callable[[], Any], rounds: int) -> float:
 def measure_engine(rounds: int = 20_000, repeats: int = 3) -> list[EngineResult]:
     """Best of ``repeats`` timings of ``rounds`` decisions per case (parse timed apart)."""
     engine = Engine(load_policy(None).with_drivers(frozenset({DRIVER})), NODE)
-    who = Identity(DRIVER, "unix")
+    who = Identity(DRIVER, ListenerKind.UNIX)
     results = []
     for case in CASES:
         info = parse_request(case.method, case.path)

@@ -1,5 +1,5 @@
-"""Every bound that keeps one driver from hurting another (README, "Limits"): the values, their
-``serve`` flags, and their fit to the descriptor limit.
+"""Every bound that keeps one driver from hurting another (docs/operating.md, "Limits"): the
+values, their ``serve`` flags, and their fit to the descriptor limit.
 
 A leaf value read by every stage: the per-driver budgets are counted in
 :mod:`gatekeeper.proxy.budgets`, connections capped in :mod:`gatekeeper.listen.connections`, the
@@ -11,14 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import resource
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ConfigError
+from gatekeeper.listenerkind import ListenerKind
 
 __all__ = [
     "DEFAULT_LIMITS",
     "Limits",
     "add_limit_arguments",
+    "descriptor_budget",
     "fit_to_descriptors",
     "limits_from_flags",
 ]
@@ -26,9 +29,7 @@ __all__ = [
 log = logging.getLogger("gatekeeper.limits")
 
 _RESERVED_DESCRIPTORS = 64
-"""Descriptors kept for listeners, the audit log, policy reads and the gatekeeper's own pool."""
-_LISTENER_KINDS = 2
-"""Unix sockets and mTLS: each has its own caps."""
+"""Descriptors kept for the listening sockets, the audit log, policy and certificate reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,9 @@ class Limits:
     """Open connections that are no driver's (yet), per listener kind: TLS handshakes in
     progress, certificates that name no driver. They never take a driver's capacity; when
     they are this many, the oldest is closed for a new one."""
+    health_connections: int = 64
+    """Open connections to the health listener (anyone who reaches it may connect); when they
+    are this many, the oldest one not answering a probe is closed for a new one."""
     header_timeout: float = 10.0
     """Seconds from a request's first byte to the end of its headers; then the connection is
     closed (slowloris)."""
@@ -120,6 +124,7 @@ _FLAGS = {
         "connections_unauthenticated",
         "connections that are no driver's yet (TLS handshakes), per listener kind",
     ),
+    "--max-health-connections": ("health_connections", "connections to the health listener"),
     "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
     "--body-timeout": ("body_timeout", "seconds to receive a request body (then 408)"),
     "--keepalive-timeout": ("keepalive_timeout", "seconds an idle connection stays open"),
@@ -173,36 +178,91 @@ def limits_from_flags(namespace: argparse.Namespace) -> Limits:
     return replace(DEFAULT_LIMITS, **values).check()
 
 
-def fit_to_descriptors(limits: Limits, soft_limit: int | None = None) -> Limits:
-    """``limits`` with connection caps lowered so the descriptor limit is never hit first.
+def descriptor_budget(limits: Limits, listeners: Collection[ListenerKind]) -> int:
+    """The descriptors the gatekeeper may hold at once under ``limits`` with ``listeners``.
 
-    Every connection a cap admits is a descriptor: the drivers' (two listener kinds, each up
-    to ``connections_total``), the unauthenticated buckets, and the upstream pools. The soft
-    ``RLIMIT_NOFILE`` is raised to the hard one first, as Go programs do.
+    A reserve (listening sockets, the audit log, file reads), the upstream pools, and each
+    listener kind configured with its own caps: a drivers' listener up to ``connections_total``
+    drivers' connections and its unauthenticated bucket; the token listener also its
+    TokenReviews' upstream pool; the health listener its ``health_connections`` and as many
+    again (its listen backlog, accepted at once before the cap can close any).
+    """
+    kinds = set(listeners)
+    drivers = sum(1 for kind in kinds if kind.serves_drivers) * _per_drivers_listener(limits)
+    upstream = limits.upstream_requests + limits.upstream_watches
+    return _set_apart(limits, kinds) + drivers + upstream
+
+
+def _per_drivers_listener(limits: Limits) -> int:
+    """A drivers' listener's connections (the part fitting may lower)."""
+    return limits.connections_total + limits.connections_unauthenticated
+
+
+def _set_apart(limits: Limits, kinds: set[ListenerKind]) -> int:
+    """The descriptors fitting leaves as they are: the reserve, the gatekeeper's own upstream
+    pool, the TokenReviews' pool (with the token listener), the health listener's."""
+    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own
+    if ListenerKind.TOKEN in kinds:
+        fixed += limits.upstream_reviews
+    if ListenerKind.HEALTH in kinds:
+        fixed += 2 * limits.health_connections
+    return fixed
+
+
+def fit_to_descriptors(
+    limits: Limits, listeners: Collection[ListenerKind], soft_limit: int | None = None
+) -> Limits:
+    """``limits`` with the drivers' connection caps and the upstream pools lowered so that the
+    descriptor limit is never hit first: their :func:`descriptor_budget` fits ``soft_limit``.
+
+    ``soft_limit`` defaults to the soft ``RLIMIT_NOFILE``, raised to the hard one first, as Go
+    programs do. The reserve, the gatekeeper's own upstream pools and the health listener (an
+    eighth of the limit at most) are set apart first, so the health listener never takes a
+    descriptor a driver's connection needs. What is left goes to the drivers' listeners (each
+    kind configured alike, a quarter of its share at most to its unauthenticated bucket) and to
+    the upstream pools: half each, and either gets what the other does not need.
     """
     if soft_limit is None:
         soft_limit = _raise_nofile()
-    fixed = _RESERVED_DESCRIPTORS + limits.upstream_own + limits.upstream_reviews
-    fixed += _LISTENER_KINDS * limits.connections_unauthenticated
-    upstream = limits.upstream_requests + limits.upstream_watches
-    if fixed + _LISTENER_KINDS * limits.connections_total + upstream <= soft_limit:
+    kinds = set(listeners)
+    if descriptor_budget(limits, kinds) <= soft_limit:
         return limits
-    # Half for the drivers' connections, half for the upstream connections they may hold.
-    budget = max(16, (soft_limit - fixed) // 2)
     fitted = limits
-    if _LISTENER_KINDS * limits.connections_total > budget:
-        fitted = replace(fitted, connections_total=max(8, budget // _LISTENER_KINDS))
-    if upstream > budget:
-        share = max(4, budget // 4)
-        fitted = replace(fitted, upstream_requests=share, upstream_watches=budget - share)
-    if fitted is not limits:
+    if ListenerKind.HEALTH in kinds and 2 * limits.health_connections > soft_limit // 8:
+        fitted = replace(fitted, health_connections=max(4, soft_limit // 16))
+    drivers = [kind for kind in kinds if kind.serves_drivers]
+    available = max(32, soft_limit - _set_apart(fitted, kinds))
+    drivers_need = len(drivers) * _per_drivers_listener(limits)
+    upstream_need = limits.upstream_requests + limits.upstream_watches
+    share = max(available // 2, available - upstream_need) // max(1, len(drivers))
+    if drivers_need > len(drivers) * share:
+        unauthenticated = min(limits.connections_unauthenticated, max(4, share // 4))
+        total = min(limits.connections_total, max(8, share - unauthenticated))
+        fitted = replace(
+            fitted, connections_total=total, connections_unauthenticated=unauthenticated
+        )
+    upstream = max(available // 2, available - drivers_need)
+    if upstream_need > upstream:
+        requests = max(4, upstream // 4)
+        fitted = replace(fitted, upstream_requests=requests, upstream_watches=upstream - requests)
+    log.warning(
+        "connection limits lowered to fit %d descriptors: listeners=%s connections_total=%d "
+        "connections_unauthenticated=%d health_connections=%d upstream_requests=%d "
+        "upstream_watches=%d",
+        soft_limit,
+        ",".join(sorted(kinds)),
+        fitted.connections_total,
+        fitted.connections_unauthenticated,
+        fitted.health_connections,
+        fitted.upstream_requests,
+        fitted.upstream_watches,
+    )
+    if (needed := descriptor_budget(fitted, kinds)) > soft_limit:
         log.warning(
-            "connection limits lowered to fit %d descriptors: connections_total=%d "
-            "upstream_requests=%d upstream_watches=%d",
+            "the descriptor limit %d is below the %d the smallest connection limits need: "
+            "raise RLIMIT_NOFILE",
             soft_limit,
-            fitted.connections_total,
-            fitted.upstream_requests,
-            fitted.upstream_watches,
+            needed,
         )
     return fitted
 

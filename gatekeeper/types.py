@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gatekeeper.listenerkind import ListenerKind
+
 __all__ = [
     "DRIVERS_GROUP",
     "NODE_NAME_EXTRA",
@@ -54,8 +56,8 @@ class Identity:
     """An authenticated caller. ``driver`` is the DRA driver name (audit ``user.username``)."""
 
     driver: str
-    transport: str
-    """``unix`` or ``mtls``."""
+    transport: ListenerKind
+    """The listener the caller came through (audit ``dra-gatekeeper.io/transport``)."""
     peer: Mapping[str, str] = field(default_factory=dict)
     """Peer facts for the audit event: uid/gid/pid (Unix) or certificate serial (mTLS)."""
     user: UserInfo | None = None

@@ -11,6 +11,9 @@ import pytest
 from gatekeeper.errors import ConfigError
 from gatekeeper.limits import DEFAULT_LIMITS, add_limit_arguments, fit_to_descriptors
 from gatekeeper.limits import limits_from_flags as from_flags
+from gatekeeper.listenerkind import ListenerKind
+
+TOKEN_LISTENER = {ListenerKind.TOKEN, ListenerKind.HEALTH}
 
 
 def parse(*args: str) -> argparse.Namespace:
@@ -47,16 +50,16 @@ def test_review_bounds_must_be_positive(flag: str) -> None:
 
 
 def test_the_review_pool_counts_in_the_descriptor_budget() -> None:
-    """The smallest descriptor limit the defaults fit in unchanged: one review connection more
-    no longer fits it."""
-    low, high = 1, 1 << 20  # fit_to_descriptors(DEFAULT_LIMITS, high) leaves them as they are
+    """The smallest descriptor limit the defaults fit in unchanged with the token listener: one
+    review connection more no longer fits it."""
+    low, high = 1, 1 << 20  # fit_to_descriptors(DEFAULT_LIMITS, …, high) leaves them as they are
     while low < high:
         middle = (low + high) // 2
-        if fit_to_descriptors(DEFAULT_LIMITS, middle) is DEFAULT_LIMITS:
+        if fit_to_descriptors(DEFAULT_LIMITS, TOKEN_LISTENER, middle) is DEFAULT_LIMITS:
             high = middle
         else:
             low = middle + 1
     fits = low
     more = replace(DEFAULT_LIMITS, upstream_reviews=DEFAULT_LIMITS.upstream_reviews + 1)
-    assert fit_to_descriptors(more, fits) != more
-    assert fit_to_descriptors(more, fits + 1) is more
+    assert fit_to_descriptors(more, TOKEN_LISTENER, fits) != more
+    assert fit_to_descriptors(more, TOKEN_LISTENER, fits + 1) is more

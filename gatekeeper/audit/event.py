@@ -172,7 +172,7 @@ def _user(flow: Flow) -> dict[str, Any]:
             "groups": ["system:unauthenticated"],
             "extra": extra,
         }
-    extra["dra-gatekeeper.io/transport"] = [flow.identity.transport]
+    extra["dra-gatekeeper.io/transport"] = [str(flow.identity.transport)]
     # Peer facts are pid/uid/gid or the certificate's serial and expiry: never key material.
     for key, value in flow.identity.peer.items():
         extra[f"dra-gatekeeper.io/peer-{key}"] = [value]

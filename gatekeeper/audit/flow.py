@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gatekeeper.errors import Refusal
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.plan import Preview
 from gatekeeper.request.requestinfo import RequestInfo
@@ -33,8 +34,8 @@ class Client:
     against the policy being served (a reload may have removed the driver).
     """
 
-    listener: str
-    """``unix``, ``mtls`` or ``token``."""
+    listener: ListenerKind
+    """The listener the connection was made to (a driver's: never the health listener)."""
     identity: Identity | None = None
     refusal: Refusal | None = None
 

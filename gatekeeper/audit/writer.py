@@ -32,7 +32,15 @@ _RETRY_MIN, _RETRY_MAX = 0.05, 5.0
 
 
 class AuditSink(Protocol):
-    """Where events go. ``emit`` may wait for room; ``close``/``aclose`` flush everything."""
+    """Where events go. ``emit`` may wait for room; ``close``/``aclose`` flush everything.
+
+    ``writable`` is False while events cannot be written: the proxy then refuses every request
+    (503) rather than serve it unaudited (README, "Faults"). Every sink says it; a
+    sink that could not would be an interface error, never "writable".
+    """
+
+    @property
+    def writable(self) -> bool: ...
 
     async def emit(self, event: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -40,7 +48,11 @@ class AuditSink(Protocol):
 
 
 class NullSink:
-    """Discards events (no --audit-log)."""
+    """Discards events (no --audit-log): always writable."""
+
+    @property
+    def writable(self) -> bool:
+        return True
 
     async def emit(self, event: dict[str, Any]) -> None:
         return None

@@ -24,6 +24,7 @@ from gatekeeper.audit.flow import Client, Flow
 from gatekeeper.errors import Refusal
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.listen.identity import identify
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.types import Identity
 
@@ -44,7 +45,7 @@ class Ticket:
 
     __slots__ = ("caller", "close", "counted", "listener")
 
-    def __init__(self, listener: str, caller: str, close: Callable[[], None]) -> None:
+    def __init__(self, listener: ListenerKind, caller: str, close: Callable[[], None]) -> None:
         self.listener = listener
         self.caller = caller
         self.close = close
@@ -64,11 +65,11 @@ class ConnectionGuard:
     def __init__(self, gatekeeper: Gatekeeper, limits: Limits = DEFAULT_LIMITS) -> None:
         self.gatekeeper = gatekeeper
         self.limits = limits
-        self.open: Counter[tuple[str, str]] = Counter()
+        self.open: Counter[tuple[ListenerKind, str]] = Counter()
         """Open connections per (listener kind, caller)."""
-        self.totals: Counter[str] = Counter()
+        self.totals: Counter[ListenerKind] = Counter()
         """Open drivers' connections per listener kind."""
-        self.refused = Counter[tuple[str, str]]()
+        self.refused = Counter[tuple[ListenerKind, str]]()
         """Connections closed as over a cap, per (listener kind, caller)."""
         self.malformed = 0
         """Requests aiohttp refused before the handler (answered with a Status)."""
@@ -76,7 +77,7 @@ class ConnectionGuard:
         """Connections closed because a request's headers did not complete in time."""
         self.on_identified: Callable[[Identity], None] | None = None
         """Called once per identified connection (the server notes a certificate's expiry)."""
-        self._unauthenticated: dict[str, OrderedDict[Ticket, None]] = {}
+        self._unauthenticated: dict[ListenerKind, OrderedDict[Ticket, None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def client_of(self, transport: Any) -> Client:
@@ -86,8 +87,9 @@ class ConnectionGuard:
         """
         sockname = transport.get_extra_info("sockname")
         if isinstance(sockname, tuple) and sockname[1] in self.gatekeeper.token_ports:
-            return Client("token")
-        listener = "unix" if isinstance(sockname, str) and sockname else "mtls"
+            return Client(ListenerKind.TOKEN)
+        unix = isinstance(sockname, str) and sockname
+        listener = ListenerKind.UNIX if unix else ListenerKind.MTLS
         try:
             identity = identify(transport, self.gatekeeper.socket_drivers)
         except Refusal as refusal:
@@ -105,7 +107,9 @@ class ConnectionGuard:
             return None
         return identity.driver
 
-    def admit(self, listener: str, driver: str, close: Callable[[], None]) -> Ticket | str:
+    def admit(
+        self, listener: ListenerKind, driver: str, close: Callable[[], None]
+    ) -> Ticket | str:
         """Count a new connection of ``driver``; its Ticket, or the reason to refuse it."""
         if why := self._full(listener, driver):
             self._refused(listener, driver, why)
@@ -115,7 +119,9 @@ class ConnectionGuard:
         self.totals[listener] += 1
         return ticket
 
-    def admit_unauthenticated(self, listener: str, close: Callable[[], None]) -> Ticket:
+    def admit_unauthenticated(
+        self, listener: ListenerKind, close: Callable[[], None]
+    ) -> Ticket:
         """Count a connection that is no driver's (yet) in ``listener``'s bucket; when the
         bucket is full its oldest connection is closed to make room, so that connections
         that never authenticate cannot keep a driver's handshake out."""
@@ -158,7 +164,7 @@ class ConnectionGuard:
         else:
             self.totals[ticket.listener] -= 1
 
-    def _full(self, listener: str, driver: str) -> str:
+    def _full(self, listener: ListenerKind, driver: str) -> str:
         total = self.totals[listener]
         if total >= self.limits.connections_total:
             where = f"on its {listener} listeners"
@@ -168,7 +174,7 @@ class ConnectionGuard:
             return f'"{driver}" has {held} open connections, the most one driver may'
         return ""
 
-    def _refused(self, listener: str, caller: str, why: str) -> None:
+    def _refused(self, listener: ListenerKind, caller: str, why: str) -> None:
         count = self.refused[(listener, caller)] = self.refused[(listener, caller)] + 1
         if count == 1 or count % 100 == 0:
             log.warning("connection refused listener=%s caller=%s refused=%d reason=%s",

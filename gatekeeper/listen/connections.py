@@ -31,6 +31,7 @@ from aiohttp.web_server import Server
 from gatekeeper.audit.flow import Client
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.listen.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision
 from gatekeeper.proxy.deciding import Connection
 from gatekeeper.proxy.pipeline import build_handler
@@ -67,7 +68,8 @@ class _GuardedHandler(RequestHandler, Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.client = client = self.guard.client_of(transport)
-        peer = transport.get_extra_info("peername") if client.listener == "token" else None
+        token = client.listener is ListenerKind.TOKEN
+        peer = transport.get_extra_info("peername") if token else None
         self.reviews = ReviewCaller(source_key(peer[0] if isinstance(peer, tuple) else None))
         listener, driver = client.listener, self.guard.driver_of(client)
         ticket, why = self.ticket, ""

@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from gatekeeper.errors import Refusal
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, Identity
 
 __all__ = [
@@ -41,7 +42,8 @@ def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:
         driver = socket_drivers.get(sockname)
         if driver is None:
             raise _unauthorized(f"no driver is bound to socket {sockname}")
-        return Identity(driver=driver, transport="unix", peer=_peer_credentials(transport))
+        peer = _peer_credentials(transport)
+        return Identity(driver=driver, transport=ListenerKind.UNIX, peer=peer)
     ssl_object = transport.get_extra_info("ssl_object")
     if ssl_object is not None:
         cert = ssl_object.getpeercert()
@@ -52,7 +54,7 @@ def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:
                 "present the driver's client certificate (CN = the driver name), signed by the "
                 "gatekeeper's client CA",
             )
-        return Identity(driver=common_name, transport="mtls", peer=_cert_facts(cert))
+        return Identity(driver=common_name, transport=ListenerKind.MTLS, peer=_cert_facts(cert))
     raise _unauthorized("no identity: use the driver's Unix socket or mTLS")
 
 

@@ -26,6 +26,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gatekeeper.listen.capacity import ConnectionGuard, Ticket
+from gatekeeper.listenerkind import ListenerKind
 
 __all__ = ["TLSGateSite"]
 
@@ -38,7 +39,7 @@ class TLSGateSite(web.SockSite):
     """A ``SockSite`` whose TLS handshakes the :class:`_Gate` runs (see the module docstring).
 
     ``listener`` names the listener kind whose unauthenticated bucket holds the connections
-    until they are a driver's (``mtls``; a listener of another kind gets a bucket of its own).
+    until they are a driver's (:attr:`~ListenerKind.MTLS`, or the token listener's own).
     """
 
     def __init__(
@@ -48,7 +49,7 @@ class TLSGateSite(web.SockSite):
         tls: ssl.SSLContext,
         guard: ConnectionGuard,
         *,
-        listener: str = "mtls",
+        listener: ListenerKind = ListenerKind.MTLS,
         backlog: int = 128,
     ) -> None:
         super().__init__(runner, sock, ssl_context=tls, backlog=backlog)
@@ -85,7 +86,7 @@ class _Gate(asyncio.Protocol):
         factory: Callable[[], RequestHandler],
         tls: ssl.SSLContext,
         guard: ConnectionGuard,
-        listener: str,
+        listener: ListenerKind,
     ) -> None:
         self._factory = factory
         self._tls = tls

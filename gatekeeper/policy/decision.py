@@ -19,6 +19,7 @@ __all__ = [
     "deny",
     "forbid",
     "not_found",
+    "rejected_preview",
 ]
 
 _JSON = "application/json"
@@ -26,6 +27,13 @@ NOT_FOUND = "object not found"
 """The reason of a 404 for an object that does not exist (not a refusal: ``audit summarize``)."""
 REJECTED_PREVIEW = "the apiserver rejected the patch preview"
 """The reason of a patch whose dry run the apiserver refused (its Status reaches the driver)."""
+
+
+def rejected_preview(verb: str) -> str:
+    """The reason of a write whose dry run the apiserver refused, naming what was previewed:
+    ``create``, ``update`` (bodies only the apiserver decodes) or ``patch``
+    (:data:`REJECTED_PREVIEW`)."""
+    return f"the apiserver rejected the {verb} preview"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from gatekeeper.codec.kubeproto import ProtobufError, with_resource_version
-from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, answered, deny, forbid
+from gatekeeper.policy.decision import Decision, answered, deny, forbid, rejected_preview
 from gatekeeper.policy.integrity import stale_conflict, stored_resource_version
 from gatekeeper.policy.model import Field, KindSpec
 from gatekeeper.policy.plan import Plan, Preview
@@ -97,7 +97,7 @@ def encoded_json(
         return deny(400, f"the {encoding_name(body.media_type)} request body could not be decoded")
     if proposed.rejected:
         # Bad bytes (400), an invalid object (422), a conflict (409): the apiserver's own answer.
-        return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
+        return answered(rejected_preview(info.verb), proposed.code, proposed.result)
     if body.unreadable:
         return deny(
             400,

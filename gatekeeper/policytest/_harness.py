@@ -95,6 +95,10 @@ class _MemorySink:
         self.events: list[dict[str, Any]] = []
         self._arrived = asyncio.Event()
 
+    @property
+    def writable(self) -> bool:
+        return True
+
     async def emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)
         self._arrived.set()

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gatekeeper.audit.flow import Client, Flow
 from gatekeeper.errors import Refusal, UpstreamError
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.conversation import Answer, Body, Fetch, conversation
 from gatekeeper.policy.decision import Decision
 from gatekeeper.proxy.state import Gatekeeper
@@ -55,7 +56,7 @@ async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity
     if not isinstance(connection, Connection) or connection.client is None:
         raise Refusal(401, "connection not identified", "Unauthorized: no identity")
     client = connection.client
-    if client.listener != "token":
+    if client.listener is not ListenerKind.TOKEN:
         if client.identity is None:
             assert client.refusal is not None
             raise client.refusal

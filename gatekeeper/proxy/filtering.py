@@ -1,16 +1,14 @@
 """Responses of kinds scoped object by object (ResourceClaims): filtered before the driver sees
 them (DESIGN §4.3). The engine's Decision carries the pure predicate; this module applies it.
 
-Nothing about an object out of scope reaches the driver, in any field (README, "Filtered
-reads"):
+Nothing about an object out of scope reaches the driver, in any field (docs/operating.md,
+"Filtered reads"):
 
 - get: the object, or 404 when it is out of scope (existence is not revealed);
-- list: read from the upstream in pages of :data:`PAGE_SIZE` that the gatekeeper follows
-  itself, one item at a time (:mod:`gatekeeper.codec.jsonstream`), and answered in full as one list:
-  the driver's ``limit`` is not passed on (a server may ignore it), and the answer carries
-  ``kind``, ``apiVersion``, ``metadata.resourceVersion`` and the items in scope, nothing else —
-  no ``continue`` token (the apiserver's names the last key of the page, often a hidden
-  object's), no ``remainingItemCount``;
+- list: read from the upstream in pages of :data:`~gatekeeper.proxy.paging.PAGE_SIZE` that the
+  gatekeeper follows itself, one item at a time, and answered in full as one list carrying
+  ``kind``, ``apiVersion``, ``metadata.resourceVersion`` and the items in scope, nothing else
+  (:mod:`gatekeeper.proxy.paging`; shared by identical requests, :mod:`gatekeeper.proxy.listing`);
 - watch: event by event, line by line (at most :data:`MAX_WATCH_LINE` bytes per event). An
   object that leaves scope is sent once as ``DELETED`` (metadata only), one that enters it as
   ``ADDED``; ``BOOKMARK`` and ``ERROR`` events are rebuilt from the fields they need;
@@ -35,8 +33,8 @@ from gatekeeper.codec import jsoncodec
 from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, parse_bounded
 from gatekeeper.policy.claims import OUT_OF_SCOPE
 from gatekeeper.policy.decision import Decision, not_found
-from gatekeeper.proxy.paging import MAX_FILTERED_OBJECT, PageOpener, filtered_list
-from gatekeeper.proxy.scoped import Keep, WatchFilter, rebuilt_status
+from gatekeeper.proxy.paging import MAX_FILTERED_OBJECT
+from gatekeeper.proxy.scoped import WatchFilter, scoped_error
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
@@ -50,44 +48,28 @@ MAX_WATCH_LINE = 8 * 1024 * 1024
 
 
 async def scoped_chunks(
-    info: RequestInfo,
-    body: AsyncIterator[bytes],
-    keep: Keep,
-    state: WatchFilter | None,
-    pages: PageOpener | None = None,
+    info: RequestInfo, body: AsyncIterator[bytes], state: WatchFilter
 ) -> AsyncIterator[bytes] | Decision:
-    """The filtered body of a successful upstream answer, as chunks to write.
+    """The filtered body of a successful upstream answer to a get or watch, as chunks to write.
 
     A get is read and filtered now, so that a get whose object left the driver's scope since
     the engine's read is still answered as absent: that 404 is returned as the request's
-    Decision. A list is read now up to where its items begin (an answer that is not a list is
-    a 502 before anything is sent), then filtered as it streams, following the upstream's
-    continue tokens with ``pages``; a watch is filtered as it streams. Raises
-    :class:`UpstreamError`.
+    Decision. A watch is filtered as it streams, from ``state`` (primed by the list it
+    continues, if any). Lists are read whole (:func:`~gatekeeper.proxy.paging.read_list`).
+    Raises :class:`UpstreamError`.
     """
     if info.method == "HEAD":
         return _chunks([])
-    state = state or WatchFilter(keep)
     if info.verb == "watch":
         return _watch(body, state)
-    if info.verb == "get":
-        document = await _read_object(body)
-        if not state.inside(document):
-            qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
-            return not_found(info, qualified, OUT_OF_SCOPE)
-        return _chunks([_dump(document)])
-    return await filtered_list(info, body, state, pages)
-
-
-def scoped_error(head: bytes, code: int) -> bytes:
-    """An upstream error answer to a filtered read, rebuilt from what a client needs of it
-    (code, reason, message, details), so that nothing else of the upstream's reaches the driver
-    (a 410 for an expired continue token names a new one in its metadata)."""
-    try:
-        status = jsoncodec.loads(head)
-    except ValueError:
-        status = None
-    return _dump(rebuilt_status(status if isinstance(status, dict) else {}, code))
+    if info.verb != "get":
+        # Fail closed: nothing unfiltered passes for a verb this filter does not know.
+        raise ValueError(f"a filtered {info.verb} is not read here")
+    document = await _read_object(body)
+    if not state.inside(document):
+        qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
+        return not_found(info, qualified, OUT_OF_SCOPE)
+    return _chunks([_dump(document)])
 
 
 async def _watch(body: AsyncIterator[bytes], state: WatchFilter) -> AsyncIterator[bytes]:

@@ -21,14 +21,15 @@ from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.model import Credentials
 from gatekeeper.proxy.answer import answer
 from gatekeeper.proxy.filtering import PLAIN_JSON, scoped_chunks, scoped_error
-from gatekeeper.proxy.paging import PageOpener, prime_listing, prime_watch, upstream_target
-from gatekeeper.proxy.scoped import DROPPED_ANNOTATION, WatchFilter
+from gatekeeper.proxy.listing import FilteredReads
+from gatekeeper.proxy.paging import prime_listing, upstream_target
+from gatekeeper.proxy.scoped import DROPPED_ANNOTATION, WatchFilter, dropped_annotation
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.proxy.tokens import bearer_token
 from gatekeeper.request.headers import forwarded_request_headers, response_headers
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
-from gatekeeper.upstream.session import Pool, Upstream, UpstreamResponse
+from gatekeeper.upstream.session import Pool, UpstreamResponse
 
 __all__ = ["forward"]
 
@@ -46,34 +47,41 @@ async def forward(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.S
     headers = forwarded_request_headers(
         request.headers, audit_id=flow.audit_id, content_type=media_type
     )
+    pool: Pool = "watches" if flow.long_running else "requests"
+    target = decision.target
     if decision.filter is None:
-        return await _exchange(request, flow, gk, decision.target, headers, payload, None)
+        # DESIGN §4.3a — a kind forwarded under the driver's own credentials carries the token
+        # the driver sent (reviewed when it was identified), never the gatekeeper's.
+        credential = None
+        if decision.credentials is Credentials.DRIVER:
+            credential = bearer_token(request.headers)
+        sent = gk.upstream.stream(
+            target.method, target.target, headers, payload, pool=pool, credential=credential
+        )
+        return await _exchange(request, flow, gk, target, sent, media_type, None)
     # SECURITY: DESIGN §4.3 — a kind scoped object by object is filtered on full objects:
     # a Table or metadata-only answer cannot be, so it is never asked for.
     headers["Accept"] = PLAIN_JSON
-    target = upstream_target(decision.target)
-    pages = _pages(gk.upstream, headers)
+    target = upstream_target(target)
     driver = flow.identity.driver
-    state = WatchFilter(decision.filter)  # counts what a get or list drops
+    reads = FilteredReads(
+        gk.filtered_reads, gk.budgets, gk.upstream, driver, decision.filter, headers
+    )
+    if target.verb == "list":
+        # SECURITY: docs/operating.md "Filtered reads" — read whole and shared: identical
+        # lists in flight cost one upstream read, whatever their number.
+        listed = await reads.listed(target)
+        if listed.dropped:
+            flow.annotations[DROPPED_ANNOTATION] = dropped_annotation(listed.dropped)
+        return await _exchange(request, flow, gk, target, listed.answer(target.method), None, None)
+    state = WatchFilter(decision.filter)  # counts what a get drops
     if flow.long_running and (listing := prime_listing(target)) is not None:
-        # SECURITY: README "Filtered reads" — a watch's prime is a list read like any other:
-        # it takes one of the driver's requests in flight and one of its filtered-read turns.
+        # SECURITY: docs/operating.md "Filtered reads" — a watch's prime is a list read like
+        # any other (shared, one of the driver's turns), and one of its requests in flight.
         with gk.budgets.admit(driver, watch=False):
-            async with gk.budgets.filtered_read(driver):
-                state = await prime_watch(pages, listing, decision.filter)
-    if target.verb != "list":
-        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
-    async with gk.budgets.filtered_read(driver):
-        return await _exchange(request, flow, gk, target, headers, payload, (state, pages))
-
-
-def _pages(upstream: Upstream, headers: dict[str, str]) -> PageOpener:
-    """Opens further pages of a filtered list with the request's own headers."""
-
-    def page(info: RequestInfo) -> AbstractAsyncContextManager[UpstreamResponse]:
-        return upstream.stream("GET", info.target, headers, None, pool="requests")
-
-    return page
+            state = await reads.primed(listing)
+    sent = gk.upstream.stream(target.method, target.target, headers, payload, pool=pool)
+    return await _exchange(request, flow, gk, target, sent, media_type, state)
 
 
 async def _exchange(
@@ -81,31 +89,23 @@ async def _exchange(
     flow: Flow,
     gk: Gatekeeper,
     target: RequestInfo,
-    headers: dict[str, str],
-    payload: bytes | None,
-    filtered: tuple[WatchFilter, PageOpener] | None,
+    sent: AbstractAsyncContextManager[UpstreamResponse],
+    media_type: str | None,
+    state: WatchFilter | None,
 ) -> web.StreamResponse:
-    """The upstream round trip of :func:`forward`, filtered when ``filtered`` says how."""
+    """The upstream round trip of :func:`forward`: the answer ``sent`` opens, filtered with
+    ``state`` (a get or watch of a scoped kind) or already filtered (a list)."""
     assert flow.decision is not None
-    media_type = None if payload is None else flow.decision.media_type
     flow.forwarded = Forwarded(target.method, target.target, media_type)
     response: web.StreamResponse | None = None
-    pool: Pool = "watches" if flow.long_running else "requests"
-    # DESIGN §4.3a — a kind forwarded under the driver's own credentials carries the token the
-    # driver sent (reviewed when it was identified), never the gatekeeper's.
-    credential = None
-    if flow.decision.credentials is Credentials.DRIVER:
-        credential = bearer_token(request.headers)
+    scrub = flow.decision.filter is not None
     try:
-        async with gk.upstream.stream(
-            target.method, target.target, headers, payload, pool=pool, credential=credential
-        ) as answered:
+        async with sent as answered:
             flow.upstream_audit_id = answered.headers.get("Audit-Id", "")
             flow.status_code = answered.status
             body = answered.chunks()
-            if answered.status < 400 and filtered is not None:
-                state, pages = filtered
-                scoped = await scoped_chunks(target, body, state.keep, state, pages)
+            if answered.status < 400 and state is not None:
+                scoped = await scoped_chunks(target, body, state)
                 if isinstance(scoped, Decision):
                     # The object left the driver's scope after the engine's read: one 404.
                     flow.decision = scoped
@@ -115,7 +115,6 @@ async def _exchange(
                 status=answered.status,
                 headers=response_headers(answered.headers, audit_id=flow.audit_id),
             )
-            scrub = filtered is not None
             flow.response_object = await _relay(request, response, flow, gk, answered, body, scrub)
     except Exception as exc:
         reset = isinstance(exc, ConnectionResetError)
@@ -123,8 +122,8 @@ async def _exchange(
             raise
         return _broken(request, response, flow, exc)
     finally:
-        if filtered is not None and filtered[0].dropped:
-            flow.annotations[DROPPED_ANNOTATION] = filtered[0].annotation()
+        if state is not None and state.dropped:
+            flow.annotations[DROPPED_ANNOTATION] = state.annotation()
     flow.finish(answered.status)
     return response
 

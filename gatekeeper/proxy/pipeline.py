@@ -85,7 +85,7 @@ async def _serve(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.St
     flow.identity = await identify_request(request, gk)
     screen_request(request.method, request.headers)
     flow.info = parse_request(request.method, request.raw_path)
-    if not getattr(gk.audit, "writable", True):
+    if not gk.audit.writable:
         # SECURITY: README "Faults" — fail closed: nothing is served that is not audited.
         raise Refusal(
             503,

@@ -13,9 +13,10 @@ request's audit event; the rest of the list or watch goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from gatekeeper.codec import jsoncodec
 from gatekeeper.codec.jsonbounds import MAX_OBJECT_DEPTH, within_depth
 from gatekeeper.status import status_body
 from gatekeeper.types import KubeObject
@@ -25,8 +26,10 @@ __all__ = [
     "DROPPED_ANNOTATION",
     "Keep",
     "WatchFilter",
+    "dropped_annotation",
     "key_of",
     "rebuilt_status",
+    "scoped_error",
 ]
 
 DROPPED_ANNOTATION = "dra-gatekeeper.io/dropped-unevaluable"
@@ -89,8 +92,7 @@ class WatchFilter:
 
     def annotation(self) -> str:
         """The audit annotation value: how many objects were dropped, and the first few."""
-        shown = ", ".join(self.dropped[:5]) + (", ..." if len(self.dropped) > 5 else "")
-        return f"{len(self.dropped)}: {shown}"
+        return dropped_annotation(self.dropped)
 
     def event(self, event: Any) -> Any | None:
         """The event to send for upstream ``event`` (maybe retyped), or None to drop it."""
@@ -122,6 +124,13 @@ class WatchFilter:
             self.shown.discard(key)
             return {"type": "DELETED", "object": _stub(obj)}
         return None
+
+
+def dropped_annotation(dropped: Sequence[str]) -> str:
+    """The audit annotation value (:data:`DROPPED_ANNOTATION`) for the objects ``dropped``:
+    how many, and the first few."""
+    shown = ", ".join(dropped[:5]) + (", ..." if len(dropped) > 5 else "")
+    return f"{len(dropped)}: {shown}"
 
 
 def key_of(obj: KubeObject) -> _Key:
@@ -166,3 +175,14 @@ def rebuilt_status(obj: KubeObject, default_code: int) -> KubeObject:
         reason=reason if isinstance(reason, str) else None,
         details=kept or None,
     )
+
+
+def scoped_error(head: bytes, code: int) -> bytes:
+    """An upstream error answer to a filtered read, rebuilt from what a client needs of it
+    (code, reason, message, details), so that nothing else of the upstream's reaches the driver
+    (a 410 for an expired continue token names a new one in its metadata)."""
+    try:
+        status = jsoncodec.loads(head)
+    except ValueError:
+        status = None
+    return jsoncodec.dumps(rebuilt_status(status if isinstance(status, dict) else {}, code))

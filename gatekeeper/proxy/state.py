@@ -9,6 +9,8 @@ from gatekeeper.audit import AuditLevel, AuditSink
 from gatekeeper.policy import Engine
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.inflight import InFlight
+from gatekeeper.proxy.listing import ListReads
+from gatekeeper.proxy.sharedreads import SharedReads
 from gatekeeper.upstream.session import Upstream
 from gatekeeper.upstream.tokenfailures import TokenFailure
 from gatekeeper.upstream.tokenreview import TokenReviewer
@@ -33,6 +35,9 @@ class Gatekeeper:
     """Local ports of the token listener: a connection to one shows a token, not a cert."""
     token_failed: Callable[[TokenFailure], None] = lambda failure: None
     """Told of every token listener request that is no driver's, and why (the metric)."""
+    filtered_reads: ListReads = field(default_factory=SharedReads)
+    """Filtered lists read once for every identical request waiting (docs/operating.md,
+    "Filtered reads")."""
 
     @property
     def node_name(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.model import Policy, UnboundTokens
 from gatekeeper.types import NODE_NAME_EXTRA, Identity, UserInfo
 from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
@@ -94,7 +95,7 @@ def token_identity(outcome: ReviewOutcome, policy: Policy, node_name: str) -> Id
         if extra is not None and (values := outcome.extra.get(extra)):
             peer[fact] = values[0]
     user_info = UserInfo(outcome.username, outcome.uid, outcome.groups, dict(outcome.extra))
-    return Identity(driver=driver, transport="token", peer=peer, user=user_info)
+    return Identity(driver=driver, transport=ListenerKind.TOKEN, peer=peer, user=user_info)
 
 
 def token_driver(outcome: ReviewOutcome, policy: Policy, node_name: str) -> str | None:

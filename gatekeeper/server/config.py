@@ -20,6 +20,7 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
 from gatekeeper.listen.listeners import resolve_group
 from gatekeeper.listen.tls import ServerTLS, TLSFiles
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy, load_policy
 from gatekeeper.policy.model import ANY_DRIVER
@@ -98,7 +99,7 @@ class ServeConfig:
     socket_group: int | None = None
     """``--socket-group``: the gid owning driver sockets and directories."""
     limits: Limits = DEFAULT_LIMITS
-    """Per-driver budgets, connection caps and timeouts (README, "Limits")."""
+    """Per-driver budgets, connection caps and timeouts (docs/operating.md, "Limits")."""
     tokens: TokenSource = field(init=False)
     upstream_ssl: ssl.SSLContext | None = field(init=False)
 
@@ -113,6 +114,26 @@ class ServeConfig:
             raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
         object.__setattr__(self, "tokens", TokenSource(self.upstream))
         object.__setattr__(self, "upstream_ssl", build_ssl_context(self.upstream))
+
+    @property
+    def listener_kinds(self) -> frozenset[ListenerKind]:
+        """The kinds of listener configured (each has caps of its own)."""
+        return _listener_kinds(
+            socket_dir=self.socket_dir,
+            listen=self.listen,
+            listen_token=self.listen_token,
+            health_listen=self.health_listen,
+        )
+
+
+def _listener_kinds(**listeners: object) -> frozenset[ListenerKind]:
+    flags = {
+        "socket_dir": ListenerKind.UNIX,
+        "listen": ListenerKind.MTLS,
+        "listen_token": ListenerKind.TOKEN,
+        "health_listen": ListenerKind.HEALTH,
+    }
+    return frozenset(kind for name, kind in flags.items() if listeners.get(name) is not None)
 
 
 _NO_LISTENER = (
@@ -182,7 +203,7 @@ def build_serve_config(
         shutdown_grace=shutdown_grace,
         cert_expiry_warning=cert_expiry_warning_days * _DAY,
         socket_group=resolve_group(socket_group),
-        limits=fit_to_descriptors(limits.check()),
+        limits=fit_to_descriptors(limits.check(), _listener_kinds(**listeners)),
     )
 
 

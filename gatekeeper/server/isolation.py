@@ -1,5 +1,5 @@
-"""``/metrics`` for what no audit event counts: the connections of the listeners, and the objects
-dropped from filtered answers."""
+"""``/metrics`` for what no audit event counts: the connections of the listeners (the health
+listener's too), and the objects dropped from filtered answers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gatekeeper.listen.capacity import UNAUTHENTICATED, ConnectionGuard
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.proxy.scoped import DROPPED
+from gatekeeper.server.health import HealthServer
 from gatekeeper.server.metrics import UNKNOWN_DRIVER
 
 __all__ = ["IsolationCollector"]
@@ -20,14 +22,20 @@ __all__ = ["IsolationCollector"]
 class IsolationCollector(Collector):
     """``/metrics`` for what no audit event counts: connections refused or cut, objects
     dropped from filtered answers, open connections per listener kind and caller (a driver,
-    or ``unauthenticated``: never a value the client chose, so the series stay bounded)."""
+    or ``unauthenticated``: never a value the client chose, so the series stay bounded). The
+    health listener's connections are anyone's: ``unauthenticated``."""
 
-    def __init__(self, guard: ConnectionGuard) -> None:
+    def __init__(self, guard: ConnectionGuard, health: HealthServer | None = None) -> None:
         self._guard = guard
+        self._health = health
 
     def collect(self) -> Iterator[Any]:
-        guard = self._guard
+        guard, health = self._guard, self._health
         known = guard.gatekeeper.engine.policy.allows_driver
+        refused, held = Counter(guard.refused), Counter(guard.open)
+        if health is not None:
+            refused[(ListenerKind.HEALTH, UNAUTHENTICATED)] = health.closed_over_cap
+            held[(ListenerKind.HEALTH, UNAUTHENTICATED)] = health.held
         yield _by_caller(
             known,
             CounterMetricFamily(
@@ -36,7 +44,7 @@ class IsolationCollector(Collector):
                 "unauthenticated: the oldest closed), by listener kind and caller.",
                 labels=["listener", "caller"],
             ),
-            guard.refused,
+            refused,
         )
         yield _total(
             CounterMetricFamily(
@@ -66,7 +74,7 @@ class IsolationCollector(Collector):
                 "Open connections, by listener kind and caller.",
                 labels=["listener", "caller"],
             ),
-            guard.open,
+            held,
         )
 
 
@@ -78,14 +86,14 @@ def _total(family: CounterMetricFamily, value: int) -> CounterMetricFamily:
 def _by_caller(
     known: Callable[[str], bool],
     family: CounterMetricFamily | GaugeMetricFamily,
-    counts: Counter[tuple[str, str]],
+    counts: Counter[tuple[ListenerKind, str]],
 ) -> CounterMetricFamily | GaugeMetricFamily:
     # A caller is a driver (or "unauthenticated") when counted; one the policy no longer
     # allows (a reload removed it) is "unknown", like every label of a caller not allowed.
-    labelled: Counter[tuple[str, str]] = Counter()
+    labelled: Counter[tuple[ListenerKind, str]] = Counter()
     for (listener, caller), count in counts.items():
         label = caller if caller == UNAUTHENTICATED or known(caller) else UNKNOWN_DRIVER
         labelled[(listener, label)] += count
     for (listener, caller), count in labelled.items():
-        family.add_metric([listener, caller], float(count))
+        family.add_metric([listener.value, caller], float(count))
     return family

@@ -2,12 +2,16 @@
 
 One :class:`Metrics` per server, on its own registry. Per-request figures are taken from the
 audit events (:class:`MeteredSink` sees every finished request, allowed or refused, exactly as
-it is audited); in-flight requests by an aiohttp middleware; upstream latency by an aiohttp
-client trace; the rest by the parts that know (TLS, reloads, certificates, the audit writer).
+it is audited); in-flight requests from the pipeline's own count; upstream latency from the
+upstream session's answer hook; the rest by the parts that know (TLS, reloads, certificates,
+the audit writer, the listeners' connections). A scrape costs at most one render per
+:data:`SCRAPE_INTERVAL`, however many clients scrape (:meth:`Metrics.scrape`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 import weakref
 from collections import Counter as CounterType
 from collections.abc import Callable, Iterator
@@ -24,13 +28,14 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gatekeeper.audit import AuditSink
+from gatekeeper.audit import AuditSink, JsonLinesWriter
 from gatekeeper.server.rules import rule_of
 from gatekeeper.upstream.session import AnswerHook
 from gatekeeper.upstream.tokenfailures import TokenFailure
 
 __all__ = [
     "CONTENT_TYPE",
+    "SCRAPE_INTERVAL",
     "UNKNOWN_DRIVER",
     "LabelPolicy",
     "MeteredSink",
@@ -46,6 +51,10 @@ _VERBS = frozenset(
     {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 )
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SCRAPE_INTERVAL = 0.25
+"""Seconds between two renders of ``/metrics`` at least (a render runs on the event loop the
+drivers' requests run on: 60 clients scraping back to back once took their latency from 2 to
+106 ms)."""
 
 
 class LabelPolicy(Protocol):
@@ -65,9 +74,11 @@ class Metrics:
     (:mod:`gatekeeper.server.rules`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, scrape_interval: float = SCRAPE_INTERVAL) -> None:
         self.policy: Callable[[], LabelPolicy] | None = None
         """The policy now served (set by the server): which drivers and kinds are known."""
+        self.exposition = _Exposition(self.render, scrape_interval)
+        """The renders ``/metrics`` answers with (:meth:`scrape`)."""
         self.registry = CollectorRegistry()
         self._watch_drivers: dict[str, str] = {}
         self._request_metrics(self.registry)
@@ -149,12 +160,18 @@ class Metrics:
         self.token_failures.labels(failure.value).inc()
 
     def render(self) -> bytes:
-        """The exposition text."""
+        """The exposition text, rendered now."""
         return generate_latest(self.registry)
 
-    def watch_audit(self, source: Any) -> None:
-        """Export the audit writer's queue depth and counters (``stats``, ``queue_depth``)."""
-        self.registry.register(_AuditCollector(source))
+    async def scrape(self) -> bytes:
+        """The exposition text for a ``/metrics`` request: rendered after the request arrived
+        (it shows everything counted before), at most once per ``scrape_interval`` and one
+        render at a time, shared by every scrape waiting for it."""
+        return await self.exposition.next()
+
+    def watch_audit(self, writer: JsonLinesWriter) -> None:
+        """Export the audit writer's queue depth and counters."""
+        self.registry.register(_AuditCollector(writer))
 
     # --- label values from fixed sets ----------------------------------------------------
 
@@ -276,8 +293,8 @@ class MeteredSink:
 
     @property
     def writable(self) -> bool:
-        """Whether the wrapped sink can write (a sink without the notion always can)."""
-        return bool(getattr(self.inner, "writable", True))
+        """Whether the wrapped sink can write."""
+        return self.inner.writable
 
 
 class _InFlightCollector(Collector):
@@ -304,8 +321,44 @@ class _InFlightCollector(Collector):
         yield family
 
 
+class _Exposition:
+    """Renders paced for scrapers: a scrape waits for the first render that starts after it
+    arrived; renders start at least ``interval`` seconds apart. A scraper that asks back to back
+    is answered once per interval, and any number of them cost one render per interval."""
+
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._render = render
+        self._interval = interval
+        self._clock = clock
+        self._started = -interval
+        self._pending: asyncio.Future[bytes] | None = None
+        self.renders = 0
+        """Renders made for scrapes."""
+
+    async def next(self) -> bytes:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._render_in_turn())
+        # Shielded: a scraper that goes away does not cancel the others' render.
+        return await asyncio.shield(self._pending)
+
+    async def _render_in_turn(self) -> bytes:
+        wait = self._started + self._interval - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # From here on (the render runs without yielding) a new scrape waits for the next one.
+        self._pending = None
+        self._started = self._clock()
+        self.renders += 1
+        return self._render()
+
+
 class _AuditCollector(Collector):
-    def __init__(self, writer: Any) -> None:
+    def __init__(self, writer: JsonLinesWriter) -> None:
         self._writer = writer
 
     def collect(self) -> Iterator[Any]:

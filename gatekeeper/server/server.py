@@ -25,6 +25,7 @@ from gatekeeper.listen.capacity import ConnectionGuard
 from gatekeeper.listen.connections import GuardedRunner
 from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
 from gatekeeper.listen.tlsgate import TLSGateSite
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Policy
 from gatekeeper.proxy.budgets import DriverBudgets
@@ -32,7 +33,13 @@ from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.proxy.tokens import token_driver
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.expiry import CertificateExpiry
-from gatekeeper.server.health import Readiness, build_health_app, upstream_probe
+from gatekeeper.server.health import (
+    HEALTH_PATHS,
+    HealthServer,
+    Readiness,
+    health_server,
+    upstream_probe,
+)
 from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
@@ -65,9 +72,9 @@ def socket_path(socket_dir: Path, driver: str) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Listener:
-    """A bound (not yet listening) socket: ``role`` is ``unix``, ``mtls`` or ``health``."""
+    """A bound (not yet listening) socket of one ``kind``."""
 
-    role: str
+    kind: ListenerKind
     sock: socket.socket
     driver: str = ""
     path: str = ""
@@ -105,11 +112,14 @@ def bind_listeners(
             for driver_socket in sockets.bind(drivers):
                 bound.append(_unix_listener(driver_socket.driver, driver_socket))
         if config.listen is not None:
-            bound.append(Listener("mtls", _bind_tcp(*config.listen, config.listen_flag)))
+            sock = _bind_tcp(*config.listen, config.listen_flag)
+            bound.append(Listener(ListenerKind.MTLS, sock))
         if config.listen_token is not None:
-            bound.append(Listener("token", _bind_tcp(*config.listen_token, "--listen-token")))
+            sock = _bind_tcp(*config.listen_token, "--listen-token")
+            bound.append(Listener(ListenerKind.TOKEN, sock))
         if config.health_listen is not None:
-            bound.append(Listener("health", _bind_tcp(*config.health_listen, "--health-listen")))
+            sock = _bind_tcp(*config.health_listen, "--health-listen")
+            bound.append(Listener(ListenerKind.HEALTH, sock))
     except BaseException:
         close_listeners(bound, sockets)
         raise
@@ -125,7 +135,7 @@ def close_listeners(listeners: list[Listener], sockets: SocketListeners | None =
 
 
 def _unix_listener(driver: str, bound: DriverSocket) -> Listener:
-    return Listener("unix", bound.sock, driver, bound.path)
+    return Listener(ListenerKind.UNIX, bound.sock, driver, bound.path)
 
 
 def _bind_tcp(host: str, port: int, flag: str) -> socket.socket:
@@ -178,7 +188,7 @@ class GatekeeperServer:
         self.metrics.policy = lambda: self.engine.policy
         self.upstream_watches = UpstreamWatches()
         sink = audit if audit is not None else open_audit(config.audit)
-        if hasattr(sink, "stats") and hasattr(sink, "queue_depth"):
+        if isinstance(sink, JsonLinesWriter):
             self.metrics.watch_audit(sink)
         self.audit: AuditSink = MeteredSink(sink, self.metrics)
         self.upstream = upstream or UpstreamSession(
@@ -218,7 +228,9 @@ class GatekeeperServer:
         self.health_port: int | None = None
         self.listening = False
         self.guard: ConnectionGuard | None = None
-        """Counts the listeners' connections (set by :meth:`start`)."""
+        """Counts the drivers' listeners' connections (set by :meth:`start`)."""
+        self.health: HealthServer | None = None
+        """The health listener's server, holding its connections (set by :meth:`start`)."""
 
     @property
     def engine(self) -> Engine:
@@ -236,23 +248,25 @@ class GatekeeperServer:
         await runner.setup()
         self._runners.append(runner)
         self.guard = runner.guard
-        self.metrics.registry.register(IsolationCollector(runner.guard))
-        health_runner: web.BaseRunner | None = None
+        health_runner = await self._health_runner()
+        self.metrics.registry.register(IsolationCollector(runner.guard, self.health))
         for listener in self._listeners:
-            if listener.role == "health":
-                health_runner = web.AppRunner(
-                    build_health_app(self.readiness, self.metrics),
-                    access_log=None,
-                    shutdown_timeout=1.0,
-                )
-                await health_runner.setup()
-                self._runners.append(health_runner)
-                await self._listen(health_runner, listener)
-            else:
-                await self._listen(runner, listener)
+            target = health_runner if listener.kind is ListenerKind.HEALTH else None
+            await self._listen(target or runner, listener)
         self.listening = True
         self.reloader.start()
         self._log_started()
+
+    async def _health_runner(self) -> web.BaseRunner | None:
+        """The health listener's runner, when one is configured (its own connection cap and
+        timeouts: :func:`~gatekeeper.server.health.health_server`)."""
+        if self.config.health_listen is None:
+            return None
+        self.health = health_server(self.readiness, self.metrics, self.config.limits)
+        runner = web.ServerRunner(self.health, shutdown_timeout=1.0)
+        await runner.setup()
+        self._runners.append(runner)
+        return runner
 
     def _token_reviewer(self) -> TokenReviewer:
         """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials, in
@@ -275,22 +289,28 @@ class GatekeeperServer:
 
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
         site: web.SockSite
-        tls = {"mtls": self.config.listen_tls, "token": self.config.token_tls}.get(listener.role)
-        if tls is not None:
+        kind = listener.kind
+        tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
+        if (context := tls.get(kind)) is not None:
             assert isinstance(runner, GuardedRunner)
             site = TLSGateSite(
-                runner, listener.sock, tls, runner.guard, listener=listener.role, backlog=_BACKLOG
+                runner, listener.sock, context, runner.guard, listener=kind, backlog=_BACKLOG
             )
+        elif kind is ListenerKind.HEALTH:
+            # No more waiting to be accepted than the cap: what is accepted at once, before the
+            # cap can close any, is a descriptor each (counted by limits.descriptor_budget).
+            backlog = self.config.limits.health_connections
+            site = web.SockSite(runner, listener.sock, backlog=backlog)
         else:
             site = web.SockSite(runner, listener.sock, backlog=_BACKLOG)
         await site.start()
-        port = listener.sock.getsockname()[1] if listener.role != "unix" else 0
-        if listener.role == "unix":
+        port = listener.sock.getsockname()[1] if kind is not ListenerKind.UNIX else 0
+        if kind is ListenerKind.UNIX:
             # The accepted socket reports the listening path as its sockname: the identity.
             self.gatekeeper.socket_drivers[listener.path] = listener.driver
-        elif listener.role == "mtls":
+        elif kind is ListenerKind.MTLS:
             self.tls_port = int(port)
-        elif listener.role == "token":
+        elif kind is ListenerKind.TOKEN:
             # The accepted socket reports the listening port: its drivers show a token.
             self.token_port = int(port)
             self.gatekeeper.token_ports.add(self.token_port)
@@ -309,12 +329,17 @@ class GatekeeperServer:
             config.upstream.server,
         )
         for listener in self._listeners:
-            if listener.role == "unix":
+            if listener.kind is ListenerKind.UNIX:
                 log.info("listening driver=%s socket=%s", listener.driver, listener.path)
-            elif listener.role in ("mtls", "token"):
-                log.info("listening %s=%s", listener.role, listener.address)
+            elif listener.kind.serves_drivers:
+                log.info("listening %s=%s", listener.kind, listener.address)
             else:
-                log.info("listening health=%s paths=/healthz,/readyz,/metrics", listener.address)
+                log.info(
+                    "listening health=%s paths=%s max_connections=%d",
+                    listener.address,
+                    ",".join(HEALTH_PATHS),
+                    self.config.limits.health_connections,
+                )
 
     async def stop(self) -> None:
         """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
@@ -385,7 +410,7 @@ class GatekeeperServer:
         self._listeners = [
             listener
             for listener in self._listeners
-            if not (listener.role == "unix" and listener.driver in gone)
+            if not (listener.kind is ListenerKind.UNIX and listener.driver in gone)
         ]
         if self._sockets is not None:
             for driver in gone:

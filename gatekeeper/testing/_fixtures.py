@@ -146,11 +146,13 @@ class Audited(Running):
 
 
 class RecordingSink:
-    """An audit sink that keeps events in memory and says when a request has completed."""
+    """An audit sink that keeps events in memory and says when a request has completed;
+    ``writable`` may be set False to stand for a log that cannot be written."""
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.completed = asyncio.Event()
+        self.writable = True
 
     async def emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)

@@ -116,10 +116,22 @@ def test_update_of_another_drivers_object_asks_nothing() -> None:
     assert decision.code == 403 and "stored object" in decision.message
 
 
-def test_a_rejected_dry_run_is_the_apiservers_answer() -> None:
+@pytest.mark.parametrize(
+    ("method", "target", "current", "reason"),
+    [
+        ("POST", SLICES, None, "the apiserver rejected the create preview"),
+        ("PUT", f"{SLICES}/s1", stored(slice_json()), "the apiserver rejected the update preview"),
+    ],
+    ids=["create", "update"],
+)
+def test_a_rejected_dry_run_is_the_apiservers_answer_and_names_what_was_previewed(
+    method: str, target: str, current: dict[str, Any] | None, reason: str
+) -> None:
     status = {"kind": "Status", "code": 400, "message": "the object provided is unrecognized"}
-    decision, _ = run("POST", SLICES, encoded(), None, (400, status))
+    decision, preview = run(method, target, encoded(), current, (400, status))
+    assert preview is not None and preview.target.method == method
     assert decision.allowed and decision.code == 400 and decision.response == status
+    assert decision.reason == reason
 
 
 def test_envelope_must_match_the_url() -> None:

@@ -9,6 +9,7 @@ import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +25,7 @@ from gatekeeper.testing.harness import (
     NODE,
     NODE_TOKEN,
     PKI,
+    RecordingSink,
     free_port,
     metric_value,
     running_gatekeeper,
@@ -229,3 +231,57 @@ async def test_unwritable_audit_log_refuses_requests_rather_than_serve_them_unau
         assert code == 503 and status["retry"] == "5"
         assert "cannot write its audit log" in status["message"]
         assert len(apiserver.journal) == before  # nothing forwarded unaudited
+
+
+async def test_a_sink_that_cannot_write_refuses_every_request_on_every_listener(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """``writable`` is the sink's own answer (its Protocol), read as is: False refuses with
+    503 on the Unix socket and over mTLS, and nothing reaches the upstream; True serves."""
+    sink = RecordingSink()
+    sink.writable = False
+    async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
+        before = len(apiserver.journal)
+        async with gk.unix_session(GPU) as gpu, gk.tls_session(NIC) as nic:
+            for session in (gpu, nic):
+                for path in ("/version", SLICES):
+                    code, status = await status_of(session, path, **PINNED)
+                    assert code == 503 and status["retry"] == "5", status
+                    assert "cannot write its audit log" in status["message"]
+            assert len(apiserver.journal) == before  # nothing forwarded unaudited
+            refusals = [e for e in sink.events if e["responseStatus"]["code"] == 503]
+            assert len(refusals) == 4  # each still offered to the sink
+            sink.writable = True
+            code, _ = await status_of(gpu, SLICES, **PINNED)
+            assert code == 200
+
+
+async def test_a_sink_that_does_not_say_whether_it_can_write_fails_closed(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """A sink missing ``writable`` (outside the Protocol, which mypy checks for the product's
+    own sinks) is never taken as writable: the request fails, nothing is forwarded."""
+
+    class Unsaid:
+        def __init__(self) -> None:
+            self.events: list[dict[str, Any]] = []
+
+        async def emit(self, event: dict[str, Any]) -> None:
+            self.events.append(event)
+
+        def close(self) -> None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    sink = Unsaid()
+    async with (
+        running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk,
+        gk.unix_session(GPU) as gpu,
+    ):
+        before = len(apiserver.journal)
+        code, status = await status_of(gpu, SLICES, **PINNED)
+        assert code == 500 and status["kind"] == "Status"
+        assert len(apiserver.journal) == before
+        assert [e["responseStatus"]["code"] for e in sink.events] == [500]

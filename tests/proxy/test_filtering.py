@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -20,11 +21,19 @@ from gatekeeper.policy import Decision
 from gatekeeper.proxy import filtering, paging
 from gatekeeper.proxy.filtering import scoped_chunks
 from gatekeeper.proxy.scoped import WatchFilter
-from gatekeeper.request.requestinfo import parse_request
+from gatekeeper.request.requestinfo import RequestInfo, parse_request
 from gatekeeper.status import status_body
-from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, Running, running_gatekeeper
+from gatekeeper.testing.harness import (
+    GPU,
+    NIC,
+    NODE,
+    NODE_TOKEN,
+    MockResponse,
+    Running,
+    running_gatekeeper,
+)
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
-from gatekeeper.upstream.session import UpstreamSession
+from gatekeeper.upstream.session import UpstreamResponse, UpstreamSession
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
@@ -116,10 +125,23 @@ async def collect(chunks: AsyncIterator[bytes]) -> bytes:
     return b"".join([chunk async for chunk in chunks])
 
 
-async def run(target: str, *chunks: bytes) -> bytes:
-    """The filtered body for an upstream body arriving in ``chunks``."""
-    info = parse_request("GET", target)
-    return await collect(await scoped_chunks(info, content(*chunks), keep, None))
+def pages_of(*bodies: bytes) -> paging.PageOpener:
+    """Upstream pages answering, in turn, ``bodies`` (each in chunks of 7 bytes): answers no
+    real server gives (a Table to a plain JSON list), for the reader's refusals."""
+    answers = list(bodies)
+
+    @asynccontextmanager
+    async def page(info: RequestInfo) -> AsyncIterator[UpstreamResponse]:
+        yield _Chunked(body=answers.pop(0))
+
+    return page
+
+
+class _Chunked(MockResponse):
+    async def chunks(self) -> AsyncIterator[bytes]:
+        body, self.body = self.body, b""
+        for start in range(0, len(body), 7):
+            yield body[start : start + 7]
 
 
 async def test_watch_lines_split_across_chunks() -> None:
@@ -127,7 +149,7 @@ async def test_watch_lines_split_across_chunks() -> None:
     stream = b"\n".join(lines) + b"\n"
     pieces = [stream[i : i + 7] for i in range(0, len(stream), 7)]
     info = parse_request("GET", f"{CLAIMS}?watch=true")
-    out = await collect(await scoped_chunks(info, content(*pieces), keep, None))
+    out = await collect(await scoped_chunks(info, content(*pieces), WatchFilter(keep)))
     names = [json.loads(line)["object"]["metadata"]["name"] for line in out.splitlines()]
     assert names == ["a", "c"]
     assert out.splitlines()[0] == lines[0]  # passed through byte for byte
@@ -138,7 +160,7 @@ async def test_an_overlong_watch_line_ends_with_an_error(monkeypatch: pytest.Mon
     info = parse_request("GET", f"{CLAIMS}?watch=true")
     first = json.dumps(ev("ADDED", obj("a", True))).encode() + b"\n"
     body = content(first, b"{" + b" " * 80, b" " * 80)
-    out = (await collect(await scoped_chunks(info, body, keep, None))).splitlines()
+    out = (await collect(await scoped_chunks(info, body, WatchFilter(keep)))).splitlines()
     assert json.loads(out[0])["type"] == "ADDED"
     error = json.loads(out[1])
     assert error["type"] == "ERROR" and "exceeds 100 bytes" in error["object"]["message"]
@@ -148,26 +170,38 @@ async def test_a_list_is_filtered_and_a_table_refused() -> None:
     info = parse_request("GET", CLAIMS)
     listing = {
         "kind": "ResourceClaimList",
-        "metadata": {"remainingItemCount": 5},
+        "metadata": {"remainingItemCount": 5, "resourceVersion": "7"},
         "items": [obj("a", True), obj("b", False)],
     }
-    out = json.loads(await run(CLAIMS, json.dumps(listing).encode()))
+    read = await paging.read_list(pages_of(json.dumps(listing).encode()), info, keep)
+    out = json.loads(read.body)
     assert [i["metadata"]["name"] for i in out["items"]] == ["a"]
-    assert out["metadata"] == {}
+    assert out["metadata"] == {"resourceVersion": "7"} and read.shown == {("default", "a")}
     table = {"kind": "Table", "rows": [{"object": obj("b", False)}]}
-    with pytest.raises(UpstreamError, match="not a list"):
-        await scoped_chunks(info, content(json.dumps(table).encode()), keep, None)
+    with pytest.raises(UpstreamError, match="'Table', not a list"):
+        await paging.read_list(pages_of(json.dumps(table).encode()), info, keep)
+
+
+async def test_a_list_past_the_answer_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list is answered whole, so what is kept of it is bounded (502 past the bound)."""
+    listing = {"kind": "ResourceClaimList", "items": [obj(n, True) for n in "abc"]}
+    body = json.dumps(listing).encode()
+    monkeypatch.setattr(paging, "MAX_FILTERED_ANSWER", 2 * len(json.dumps(obj("a", True))))
+    with pytest.raises(UpstreamError, match="exceed"):
+        await paging.read_list(pages_of(body), parse_request("GET", CLAIMS), keep)
 
 
 async def test_a_get_out_of_scope_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
     info = parse_request("GET", f"{CLAIMS}/b")
-    refused = await scoped_chunks(info, content(json.dumps(obj("b", False)).encode()), keep, None)
+    refused = await scoped_chunks(
+        info, content(json.dumps(obj("b", False)).encode()), WatchFilter(keep)
+    )
     assert isinstance(refused, Decision)
     assert refused.code == 404
     assert refused.message == 'resourceclaims.resource.k8s.io "b" not found'
     monkeypatch.setattr(filtering, "MAX_FILTERED_OBJECT", 10)
     with pytest.raises(UpstreamError, match="exceeds 10 bytes"):
-        await scoped_chunks(info, content(json.dumps(obj("b", True)).encode()), keep, None)
+        await scoped_chunks(info, content(json.dumps(obj("b", True)).encode()), WatchFilter(keep))
 
 
 # --- end to end: nothing about a hidden claim reaches the driver -----------------------------

@@ -140,6 +140,7 @@ def test_garbage_protobuf_gets_the_apiservers_400(
     real_gatekeeper: GatekeeperProcess, raw: bytes, message: str, journal: None
 ) -> None:
     api = real_gatekeeper.driver_api(GPU)
+    mark = real_gatekeeper.audit_mark()
     with pytest.raises(Exception) as refused:
         api.call("POST", SLICES, raw=raw, content_type=PROTOBUF)
     error: Any = refused.value
@@ -148,6 +149,11 @@ def test_garbage_protobuf_gets_the_apiservers_400(
         "the object provided is unrecognized (must be of type ResourceSlice)"
     )
     assert message in error.body["message"]
+    real_gatekeeper.settle()
+    (event,) = [e for e in real_gatekeeper.audit_events()[mark:] if e["verb"] == "create"]
+    assert event["annotations"]["authorization.k8s.io/reason"] == (
+        "the apiserver rejected the create preview"
+    )
 
 
 @pytest.mark.parametrize("target", ["slice", "claim-status"])

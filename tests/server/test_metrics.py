@@ -16,6 +16,7 @@ from gatekeeper.server.rules import RULES, rule_of
 from gatekeeper.testing.harness import (
     GPU,
     SLICES,
+    RecordingSink,
     Running,
     metric_samples,
     metric_value,
@@ -185,6 +186,14 @@ async def test_metered_sink_counts_and_passes_every_event_on() -> None:
         if name == "dra_gatekeeper_requests_total"
     )
     assert total == 2
+
+
+async def test_metered_sink_is_writable_exactly_when_its_sink_is() -> None:
+    inner = RecordingSink()
+    sink = MeteredSink(inner, Metrics())
+    assert sink.writable is True
+    inner.writable = False
+    assert sink.writable is False
 
 
 async def test_creates_with_random_pool_names_add_no_series(

@@ -17,6 +17,7 @@ from gatekeeper.audit.event import VALIDATION_ANNOTATION
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.audit.tools.replay import BASES, ObjectMemory, method_of, patch_type
 from gatekeeper.errors import Refusal
+from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision, Engine, KindRule, Policy
 from gatekeeper.policy.conversation import conversation, converse
 from gatekeeper.policy.decision import deny
@@ -161,7 +162,8 @@ def _decide(
 ) -> tuple[Decision, str]:
     """The proxy's conversation with the engine, the log as its readers: the recorded body, the
     object as the log last showed it, the apiserver's recorded answer as a preview's."""
-    identity = Identity(driver=driver, transport=record.transport or "unix", user=record.token_user)
+    transport = ListenerKind.of_label(record.transport, ListenerKind.UNIX)
+    identity = Identity(driver=driver, transport=transport, user=record.token_user)
     try:
         info = parse_request(method_of(record.verb), record.request_uri)
     except Refusal as refusal:

@@ -99,7 +99,7 @@ class ObjectMemory:
         basis = "full"
         pod_uid = _pod_uid(record)
         if info.verb in _BODY_VERBS and body is None:
-            body, basis = self._assumed_body(info, driver, node, pod_uid), "metadata"
+            body, basis = self._assumed_body(record, info, driver, node, pod_uid), "metadata"
         media_type = patch_type(record, body, info) if info.verb == "patch" else "application/json"
         current: KubeObject | None = None
         if lookup is not None:
@@ -176,9 +176,14 @@ class ObjectMemory:
             )
         return obj
 
-    def _assumed_body(self, info: RequestInfo, driver: str, node: str, pod_uid: str) -> Any:
+    def _assumed_body(
+        self, record: Record, info: RequestInfo, driver: str, node: str, pod_uid: str
+    ) -> Any:
+        """A body the log does not hold: the caller's own object for a create or update; for
+        a patch, one that changes nothing, in the patch's own type (a JSON patch is a list of
+        operations, any other an object), so that the patch is decided on metadata."""
         if info.verb == "patch":
-            return {}
+            return [] if patch_type(record, None, info) == JSON_PATCH else {}
         return self._owned(info, driver, node, pod_uid)
 
 

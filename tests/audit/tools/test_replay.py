@@ -83,6 +83,20 @@ def test_what_the_log_does_not_hold_is_assumed_the_callers() -> None:
     assert patched.proposed == stored("9")
 
 
+@pytest.mark.parametrize(
+    ("media_type", "body"),
+    [(JSON_PATCH, []), (MERGE_PATCH, {}), (STRATEGIC_MERGE, {}), (APPLY, {})],
+)
+def test_a_patch_without_its_body_changes_nothing_in_its_own_type(
+    media_type: str, body: Any
+) -> None:
+    """A Metadata-level log records a patch's type, not its body: the replay's patch changes
+    nothing and is of that type (a JSON patch is a list of operations)."""
+    memory = ObjectMemory(POLICY)
+    patched = inputs(memory, "patch", OBJECT, content_type=media_type)
+    assert (patched.body, patched.media_type, patched.basis) == (body, media_type, "metadata")
+
+
 def test_a_stored_object_is_aligned_with_the_preconditions_asked() -> None:
     memory = ObjectMemory(POLICY)
     inputs(memory, "get", OBJECT, response_object=stored("5"))
