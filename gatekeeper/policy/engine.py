@@ -229,15 +229,7 @@ class Engine:
             return OnNodeOwner(version.paths[Field.NODE], self.node_name)
         if rule is KindRule.OWN_NODE:
             if info.name != self.node_name:
-                # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list
-                # or watch (which would show every node), no subresource.
-                return forbid(
-                    driver,
-                    info,
-                    f'a driver may only get this node\'s own {kind.kind} "{self.node_name}" '
-                    f"({kind.qualified}/{self.node_name})",
-                    rule=Rule.OWN_OBJECT_ONLY,
-                )
+                return self._own_node_only(driver, info, kind)
             return OwnObjectOwner(version.may_change)
         if rule is KindRule.OWN_POD:
             return self._own_pod(identity, info, kind, version)
@@ -256,6 +248,19 @@ class Engine:
                 rule=Rule.NO_DRIVER_CREDENTIALS,
             )
         return NamespaceOwner()
+
+    def _own_node_only(self, driver: str, info: RequestInfo, kind: KindSpec) -> Decision:
+        # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list or
+        # watch (which would show every node), no subresource.
+        allowed = [v for v in ("get", "update", "patch") if v in kind.verbs]
+        verbs = " or ".join(filter(None, (", ".join(allowed[:-1]), allowed[-1])))
+        return forbid(
+            driver,
+            info,
+            f'a driver may only {verbs} this node\'s own {kind.kind} "{self.node_name}" '
+            f"({kind.qualified}/{self.node_name})",
+            rule=Rule.OWN_OBJECT_ONLY,
+        )
 
     def _own_pod(
         self, identity: Identity, info: RequestInfo, kind: KindSpec, version: VersionSpec
@@ -340,6 +345,9 @@ class Engine:
         if info.subresource and info.subresource not in kind.subresources:
             why = f'subresource "{info.subresource}" is not in the policy'
             return forbid(driver, info, why, rule=Rule.SUBRESOURCE_NOT_ALLOWED)
+        if info.verb not in kind.verbs and kind.rule is KindRule.OWN_NODE:
+            # A list, a watch, a create of nodes: what the rule allows is one object, by name.
+            return self._own_node_only(driver, info, kind)
         if info.verb not in kind.verbs:
             why = f"verb {info.verb} is not allowed on {kind.qualified}"
             return forbid(driver, info, why, rule=Rule.VERB_NOT_ALLOWED)
