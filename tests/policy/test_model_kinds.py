@@ -208,3 +208,21 @@ def test_a_driver_reads_only_its_own_node(
         )
     else:
         assert decision.code == code and message in decision.message, decision.message
+
+
+def test_a_built_in_kind_takes_client_gos_protobuf_by_default_a_custom_one_json() -> None:
+    """client-go's typed clients write built-in kinds as protobuf and never fall back on a 415
+    (a Lease's leader election retried for ever): unless the policy says otherwise, the
+    gatekeeper accepts what the apiserver can decode in a dry run, and nothing more."""
+    text = """\
+apiVersion: dra-gatekeeper.io/v1alpha1
+kind: Policy
+kinds:
+  - {group: coordination.k8s.io, resource: leases, kind: Lease, scope: Namespaced,
+     rule: DriverNamespace, verbs: [get, create, update], versions: [{names: [v1]}]}
+  - {group: example.com, resource: widgets, kind: Widget, scope: Namespaced,
+     rule: DriverNamespace, verbs: [get, create, update], versions: [{names: [v1]}]}
+"""
+    policy = parse_policy(text)
+    assert policy.kinds[("coordination.k8s.io", "leases")].encodings == {"json", "protobuf"}
+    assert policy.kinds[("example.com", "widgets")].encodings == {"json"}
