@@ -122,10 +122,10 @@ def _inferred(entry: _Entry, version: str, notes: Notes) -> dict[str, Any] | Non
     facts, rule = entry.facts, entry.rule
     what = f"{entry.traffic.qualified} {version} (rule {rule.value})"
     if rule is KindRule.NODE_LOCAL:
-        paths = facts.node_local.get(version)
+        paths = facts.node_local(version)
         return dict(paths) if paths else None
     if rule is KindRule.ON_NODE:
-        found = facts.on_node.get(version)
+        found = facts.on_node(version)
         if found is None:
             return None
         path = ".".join(found.path)
@@ -142,7 +142,7 @@ def _inferred(entry: _Entry, version: str, notes: Notes) -> dict[str, Any] | Non
             return {"node": path}
         return {"node": path, "fieldSelectors": {"node": found.selector}}
     if rule is KindRule.CEL:
-        scope = facts.scope.get(version)
+        scope = facts.scope(version)
         if scope is None:
             return None
         objects = len(entry.traffic.objects(version))

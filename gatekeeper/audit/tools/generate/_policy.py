@@ -19,7 +19,7 @@ import yaml
 
 from gatekeeper.audit.tools.generate._entries import Notes, entry_doc
 from gatekeeper.audit.tools.generate._observe import Observation, Traffic, observe
-from gatekeeper.audit.tools.generate._rules import assign, facts_of
+from gatekeeper.audit.tools.generate._rules import Facts, assign
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.policy import KindRule, KindSpec, Policy
 from gatekeeper.policy.loader import API_VERSION
@@ -85,7 +85,7 @@ _Dumper.add_representer(str, _string)
 
 def _kind_entries(traffic: Traffic, base: KindSpec | None, notes: Notes) -> list[dict[str, Any]]:
     """One entry per rule deciding some verb of the resource."""
-    facts = facts_of(traffic, base)
+    facts = Facts(traffic, base)
     assignment = assign(traffic, base, facts)
     notes.not_allowed.extend(assignment.unfit)
     if not assignment.rules:

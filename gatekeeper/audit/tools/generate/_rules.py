@@ -7,7 +7,6 @@ pod patched) becomes two entries with disjoint verbs, as the policy language req
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gatekeeper.audit.tools.generate._observe import Observed, Traffic
@@ -17,10 +16,10 @@ from gatekeeper.audit.tools.generate._paths import (
     node_local_paths,
     on_node_field,
 )
-from gatekeeper.policy import Field, KindRule, KindSpec
+from gatekeeper.policy import Field, KindRule, KindSpec, VersionSpec
 from gatekeeper.policy.model import BUILT_IN_GROUPS, OWN_NODE_VERBS
 
-__all__ = ["CUSTOM_PREFERENCE", "PREFERENCE", "Assignment", "Facts", "assign", "facts_of"]
+__all__ = ["CUSTOM_PREFERENCE", "PREFERENCE", "Assignment", "Facts", "assign"]
 
 PREFERENCE = (
     KindRule.OWN_NODE,
@@ -50,16 +49,56 @@ right to write every such object in that namespace."""
 _READS = frozenset({"get", "list", "watch"})
 
 
-@dataclass(frozen=True, slots=True)
 class Facts:
     """What each rule needs to decide one resource's requests, by API version: from the base
-    policy where it has the rule's entry, else from the log."""
+    policy where it has the rule's entry, else from the log. Computed when first asked: most
+    verbs are the base's, and their objects need not be searched."""
 
-    node_local: Mapping[str, dict[str, str]]
-    on_node: Mapping[str, OnNodeField]
-    scope: Mapping[str, str]
-    own_node: bool
-    own_pod: bool
+    def __init__(self, traffic: Traffic, base: KindSpec | None) -> None:
+        self._traffic = traffic
+        self._entries = {entry.rule: entry for entry in (base.entries if base else ())}
+        key = (traffic.group, traffic.resource)
+        self.own_node = key == ("", "nodes") or KindRule.OWN_NODE in self._entries
+        self.own_pod = key == ("", "pods") or KindRule.OWN_POD in self._entries
+        self._node_local: dict[str, dict[str, str] | None] = {}
+        self._on_node: dict[str, OnNodeField | None] = {}
+        self._scope: dict[str, str | None] = {}
+
+    def _listed(self, rule: KindRule, version: str) -> VersionSpec | None:
+        entry = self._entries.get(rule)
+        return entry.versions.get(version) if entry else None
+
+    def node_local(self, version: str) -> dict[str, str] | None:
+        """Where objects name driver, node and pool ({} where the base's paths decide)."""
+        if version not in self._node_local:
+            listed = self._listed(KindRule.NODE_LOCAL, version)
+            inferred = {} if listed else node_local_paths(self._traffic.objects(version))
+            self._node_local[version] = inferred
+        return self._node_local[version]
+
+    def on_node(self, version: str) -> OnNodeField | None:
+        if version not in self._on_node:
+            listed = self._listed(KindRule.ON_NODE, version)
+            found: OnNodeField | None
+            if listed is not None:
+                found = OnNodeField(listed.paths[Field.NODE], listed.selectors[Field.NODE])
+            else:
+                traffic = self._traffic
+                requests = [seen for seen in traffic.requests if seen.info.api_version == version]
+                pods = (traffic.group, traffic.resource) == ("", "pods")
+                found = on_node_field(requests, core_pods=pods)
+            self._on_node[version] = found
+        return self._on_node[version]
+
+    def scope(self, version: str) -> str | None:
+        """Rule CEL's scope expression."""
+        if version not in self._scope:
+            listed = self._listed(KindRule.CEL, version)
+            if listed is not None and listed.cel.scope is not None:
+                self._scope[version] = listed.cel.scope.source
+            else:
+                self._scope[version] = cel_scope(self._traffic.objects(version))
+        return self._scope[version]
 
 
 @dataclass(slots=True)
@@ -69,45 +108,6 @@ class Assignment:
     rules: dict[KindRule, list[Observed]] = field(default_factory=dict)
     unfit: list[str] = field(default_factory=list)
     """Why some requests fit no rule (the header's NOT ALLOWED lines)."""
-
-
-def facts_of(traffic: Traffic, base: KindSpec | None) -> Facts:
-    entries = {entry.rule: entry for entry in (base.entries if base else ())}
-    versions = sorted({seen.info.api_version for seen in traffic.requests})
-    key = (traffic.group, traffic.resource)
-    node_local: dict[str, dict[str, str]] = {}
-    on_node: dict[str, OnNodeField] = {}
-    scope: dict[str, str] = {}
-    for version in versions:
-        objects = traffic.objects(version)
-        inferred = node_local_paths(objects)
-        if inferred is not None:
-            node_local[version] = inferred
-        listed = entries.get(KindRule.ON_NODE)
-        spec = listed.versions.get(version) if listed else None
-        if spec is not None:
-            on_node[version] = OnNodeField(spec.paths[Field.NODE], spec.selectors[Field.NODE])
-        else:
-            requests = [seen for seen in traffic.requests if seen.info.api_version == version]
-            found = on_node_field(requests, core_pods=key == ("", "pods"))
-            if found is not None:
-                on_node[version] = found
-        listed = entries.get(KindRule.CEL)
-        spec = listed.versions.get(version) if listed else None
-        expression = spec.cel.scope.source if spec and spec.cel.scope else cel_scope(objects)
-        if expression is not None:
-            scope[version] = expression
-    base_node_local = entries.get(KindRule.NODE_LOCAL)
-    if base_node_local is not None:
-        # The base locates these fields: whatever the log suggests, its paths decide.
-        node_local.update({version: {} for version in base_node_local.versions})
-    return Facts(
-        node_local,
-        on_node,
-        scope,
-        own_node=key == ("", "nodes") or KindRule.OWN_NODE in entries,
-        own_pod=key == ("", "pods") or KindRule.OWN_POD in entries,
-    )
 
 
 def assign(traffic: Traffic, base: KindSpec | None, facts: Facts) -> Assignment:
@@ -143,16 +143,17 @@ def candidates(seen: Observed, facts: Facts, namespaced: bool) -> set[KindRule]:
     version, verb = info.api_version, info.verb
     own = verb in OWN_NODE_VERBS and not info.subresource
     own_pod = (caller.account[0], caller.pod) if caller.account and caller.pod else None
+    node_local = facts.node_local(version) is not None
     fits = {
         KindRule.OWN_NODE: facts.own_node and own and not info.namespace
         and info.name == caller.node,
         KindRule.OWN_POD: facts.own_pod and own and (info.namespace, info.name) == own_pod,
         # Objects that name the driver too are NodeLocal's: it checks both.
-        KindRule.ON_NODE: verb in _READS and version not in facts.node_local
-        and _on_node(seen, facts.on_node.get(version)),
+        KindRule.ON_NODE: verb in _READS and not node_local
+        and _on_node(seen, facts.on_node(version)),
         KindRule.DRIVER_NAMESPACE: namespaced and info.namespace in caller.namespaces,
-        KindRule.NODE_LOCAL: version in facts.node_local,
-        KindRule.CEL: version in facts.scope and verb != "deletecollection",
+        KindRule.NODE_LOCAL: node_local,
+        KindRule.CEL: verb != "deletecollection" and facts.scope(version) is not None,
         KindRule.DRIVER_CREDENTIALS: caller.token,
     }  # fmt: skip
     return {rule for rule, fit in fits.items() if fit}
