@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gatekeeper.rule import Rule
+
 __all__ = ["ConfigError", "Refusal", "UpstreamError"]
 
 
@@ -21,7 +23,8 @@ class Refusal(Exception):
 
     ``code`` is the HTTP status; ``reason`` is the short rule that failed (it reaches the
     audit annotation ``authorization.k8s.io/reason``); ``message`` is the full Status message
-    (apiserver phrasing) and defaults to ``reason``.
+    (apiserver phrasing) and defaults to ``reason``; ``rule`` is which rule it is (metrics),
+    by default the one its code stands for.
     """
 
     def __init__(
@@ -30,10 +33,12 @@ class Refusal(Exception):
         reason: str,
         message: str | None = None,
         *,
+        rule: Rule | None = None,
         retry_after: int | None = None,
         details: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message or reason)
+        self.rule = rule if rule is not None else Rule.for_code(code)
         self.code = code
         self.reason = reason
         self.message = message or reason

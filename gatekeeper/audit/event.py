@@ -25,6 +25,7 @@ __all__ = [
     "FORWARDED_ANNOTATION",
     "NODE_NAME_EXTRA",
     "REASON_ANNOTATION",
+    "RULE_ANNOTATION",
     "STAGE_COMPLETE",
     "STAGE_STARTED",
     "UPSTREAM_AUDIT_ID_ANNOTATION",
@@ -48,6 +49,8 @@ DECODED_ANNOTATION = "dra-gatekeeper.io/decoded-by"
 CREDENTIALS_ANNOTATION = "dra-gatekeeper.io/credentials"
 """``driver`` when the request was forwarded with the driver's own token (rule
 DriverCredentials); absent when it carried the gatekeeper's."""
+RULE_ANNOTATION = "dra-gatekeeper.io/rule"
+"""The rule that refused (:class:`~gatekeeper.rule.Rule`): what metrics count by."""
 VALIDATION_ANNOTATION = "dra-gatekeeper.io/validation"
 """The policy's CEL validation that refused the request (its name)."""
 """On a protobuf or CBOR body: the request object is the apiserver's decoding (a dry run)."""
@@ -200,6 +203,8 @@ def _annotations(flow: Flow) -> dict[str, str]:
     if flow.decision is not None:
         annotations[DECISION_ANNOTATION] = "allow" if flow.decision.allowed else "forbid"
         annotations[REASON_ANNOTATION] = flow.decision.reason
+        if not flow.decision.allowed and flow.decision.rule is not None:
+            annotations[RULE_ANNOTATION] = flow.decision.rule.value
         if flow.decision.validation:
             annotations[VALIDATION_ANNOTATION] = flow.decision.validation
         if flow.decision.credentials is Credentials.DRIVER:

@@ -180,7 +180,7 @@ class ListReader:
             return None
         except RecursionError:
             return self._deep(pos)
-        if end >= len(text) and not self._eof:
+        if not self._eof and (end >= len(text) or _number_may_go_on(value, text, end)):
             return None  # a number or literal could go on in the next chunk
         self._need = 0
         return value, end
@@ -208,3 +208,15 @@ class ListReader:
                     return parse_bounded(self._text[pos:end], limit=MAX_OBJECT_DEPTH), end
         self._incomplete(ValueError("unterminated nested value"))
         return None
+
+
+_NUMBER_TAIL = re.compile(r"[.eE][0-9eE+\-]*")
+
+
+def _number_may_go_on(value: Any, text: str, end: int) -> bool:
+    """Whether a number parsed up to ``end`` is cut short by the chunk's end: what follows is
+    the start of a fraction or exponent, to the end of the text (``-0.`` then ``0``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    tail = _NUMBER_TAIL.match(text, end)
+    return tail is not None and tail.end() == len(text)

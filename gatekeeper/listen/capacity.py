@@ -107,9 +107,7 @@ class ConnectionGuard:
             return None
         return identity.driver
 
-    def admit(
-        self, listener: ListenerKind, driver: str, close: Callable[[], None]
-    ) -> Ticket | str:
+    def admit(self, listener: ListenerKind, driver: str, close: Callable[[], None]) -> Ticket | str:
         """Count a new connection of ``driver``; its Ticket, or the reason to refuse it."""
         if why := self._full(listener, driver):
             self._refused(listener, driver, why)
@@ -119,9 +117,7 @@ class ConnectionGuard:
         self.totals[listener] += 1
         return ticket
 
-    def admit_unauthenticated(
-        self, listener: ListenerKind, close: Callable[[], None]
-    ) -> Ticket:
+    def admit_unauthenticated(self, listener: ListenerKind, close: Callable[[], None]) -> Ticket:
         """Count a connection that is no driver's (yet) in ``listener``'s bucket; when the
         bucket is full its oldest connection is closed to make room, so that connections
         that never authenticate cannot keep a driver's handshake out."""

@@ -246,11 +246,14 @@ def _pool_separators(raw: RawKind) -> tuple[str, ...]:
 
 
 def _encodings(raw: RawKind) -> frozenset[str]:
-    """``encodings``: request body encodings accepted (default ``[json]``). Protobuf and CBOR
-    are decoded by the apiserver in a dry run: list them only for kinds it serves built in (a
-    custom resource endpoint cannot read protobuf)."""
+    """``encodings``: request body encodings accepted. Protobuf and CBOR are decoded by the
+    apiserver in a dry run, so only kinds it serves built in can take them (a custom resource
+    endpoint cannot read protobuf). The default is what client-go sends: ``[json, protobuf]``
+    for a built-in group (its typed clients write protobuf, with no fallback on a 415), ``[json]``
+    for any other."""
     if "encodings" not in raw.keys:
-        return frozenset({"json"})
+        built_in = raw.group in BUILT_IN_GROUPS
+        return frozenset({"json", "protobuf"} if built_in else {"json"})
     loc = raw.keys["encodings"]
     values = _strings(raw, "encodings")
     for value in values:

@@ -14,6 +14,7 @@ from gatekeeper.policy.cel import CelRules, in_scope, run_validations
 from gatekeeper.policy.decision import Decision, deny, forbid
 from gatekeeper.policy.model import KindSpec, Policy
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule
 from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, Identity, KubeObject
 
 __all__ = [
@@ -96,11 +97,13 @@ class CelContext:
                 f"{what} CEL {outcome.message} (a rule that cannot be evaluated refuses the "
                 "request)"
             )
-            return _named(forbid(self._identity.driver, self._info, why), outcome.name)
+            refused = forbid(self._identity.driver, self._info, why, rule=Rule.CEL_VALIDATION)
+            return _named(refused, outcome.name)
         why = f"{what} {outcome.name}: {outcome.message}"
         if outcome.code == 403:
-            return _named(forbid(self._identity.driver, self._info, why), outcome.name)
-        return _named(deny(outcome.code, why), outcome.name)
+            refused = forbid(self._identity.driver, self._info, why, rule=Rule.CEL_VALIDATION)
+            return _named(refused, outcome.name)
+        return _named(deny(outcome.code, why, rule=Rule.CEL_VALIDATION), outcome.name)
 
 
 def _named(decision: Decision, validation: str) -> Decision:

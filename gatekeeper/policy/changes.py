@@ -7,6 +7,7 @@ from typing import Any
 
 from gatekeeper.codec.jsonpath import MISSING, FieldPath
 from gatekeeper.policy.model import Changeable
+from gatekeeper.rule import Rule, Violation
 
 __all__ = ["MAINTAINED", "forbidden_change"]
 
@@ -16,9 +17,10 @@ MAINTAINED: frozenset[FieldPath] = frozenset(
 """Fields the apiserver sets on every write: a difference there is not the driver's change."""
 
 
-def forbidden_change(old: Any, new: Any, allowed: tuple[Changeable, ...]) -> str | None:
+def forbidden_change(old: Any, new: Any, allowed: tuple[Changeable, ...]) -> Violation | None:
     """Why ``new`` is not ``old`` with only ``allowed`` changes (None when it is)."""
-    return _walk(old, new, (), allowed)
+    problem = _walk(old, new, (), allowed)
+    return Violation(Rule.MAY_CHANGE, problem) if problem else None
 
 
 def _walk(old: Any, new: Any, path: FieldPath, allowed: tuple[Changeable, ...]) -> str | None:

@@ -17,6 +17,7 @@ from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, is_field_na
 from gatekeeper.policy.model import AllocationPaths
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule, Violation
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -68,13 +69,14 @@ class AllocationScope:
     hidden: bool = field(default=True, init=False)
     """An object out of scope reads as absent (DESIGN §4.3)."""
 
-    def stored(self, obj: KubeObject) -> str | None:
-        return None if self(obj) else OUT_OF_SCOPE
+    def stored(self, obj: KubeObject) -> Violation | None:
+        return None if self(obj) else Violation(Rule.NOT_IN_SCOPE, OUT_OF_SCOPE)
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         if old is None:
-            return "objects allocated to drivers are created by others"
-        return status_change_violation(self.paths, old, obj, self.driver)
+            return Violation(Rule.NOT_OWNER, "objects allocated to drivers are created by others")
+        problem = status_change_violation(self.paths, old, obj, self.driver)
+        return Violation(Rule.STATUS_ENTRIES, problem) if problem else None
 
     def __call__(self, obj: Any) -> bool:
         if not isinstance(obj, dict):

@@ -8,6 +8,7 @@ from typing import Any
 
 from gatekeeper.policy.model import Credentials
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule, Violation
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -70,6 +71,9 @@ class Decision:
     empty when none did."""
     credentials: Credentials = Credentials.GATEKEEPER
     """Whose credentials the forwarded request carries (rule DriverCredentials: the driver's)."""
+    rule: Rule | None = None
+    """The rule that refused (None when allowed): the audit's ``dra-gatekeeper.io/rule`` and
+    the metrics' label, never read back from the message."""
 
     @property
     def forwards(self) -> bool:
@@ -95,9 +99,16 @@ def allow(
     )
 
 
-def deny(code: int, reason: str, message: str | None = None, **details: str) -> Decision:
+def deny(
+    code: int, reason: str, message: str | None = None, *, rule: Rule | None = None, **details: str
+) -> Decision:
     return Decision(
-        allowed=False, reason=reason, code=code, message=message or reason, details=details
+        allowed=False,
+        reason=reason,
+        code=code,
+        message=message or reason,
+        details=details,
+        rule=rule if rule is not None else Rule.for_code(code),
     )
 
 
@@ -112,19 +123,29 @@ def answered(reason: str, code: int, status: KubeObject) -> Decision:
     )
 
 
-def not_found(info: RequestInfo, qualified: str, reason: str = NOT_FOUND) -> Decision:
+def not_found(
+    info: RequestInfo, qualified: str, reason: str = NOT_FOUND, rule: Rule = Rule.NOT_FOUND
+) -> Decision:
     """404 with the apiserver's NotFound Status, laid out as it writes it (details: name, group,
-    kind), so that an object hidden from the driver reads exactly as an absent one."""
+    kind), so that an object hidden from the driver (``rule`` NOT_IN_SCOPE) reads exactly as an
+    absent one."""
     details = {"name": info.name, "group": info.api_group, "kind": info.resource}
     message = f'{qualified} "{info.name}" not found'
-    return deny(404, reason, message, **{k: v for k, v in details.items() if v})
+    return deny(404, reason, message, rule=rule, **{k: v for k, v in details.items() if v})
 
 
-def forbid(driver: str, info: RequestInfo, why: str, *, name: str | None = None) -> Decision:
-    """403 in the apiserver's RBAC phrasing, with the gatekeeper's rule appended."""
+def forbid(
+    driver: str, info: RequestInfo, why: str | Violation, *, rule: Rule | None = None,
+    name: str | None = None,
+) -> Decision:  # fmt: skip
+    """403 in the apiserver's RBAC phrasing, with the gatekeeper's rule appended: ``why`` is a
+    :class:`~gatekeeper.rule.Violation` (its rule), or a message and its ``rule``."""
+    if isinstance(why, Violation):
+        rule, why = why.rule, why.message
+    assert rule is not None, "a refusal names its rule"
     if not info.is_resource_request:
         message = f'forbidden: User "{driver}" cannot {info.verb} path "{info.path}": {why}'
-        return deny(403, why, message)
+        return deny(403, why, message, rule=rule)
     qualified = f"{info.resource}.{info.api_group}" if info.api_group else info.resource
     name = info.name if name is None else name
     subject = f'{qualified} "{name}"' if name else qualified
@@ -136,4 +157,4 @@ def forbid(driver: str, info: RequestInfo, why: str, *, name: str | None = None)
     )
     # The apiserver leaves an empty group out of details (omitempty): {"kind": "secrets"}.
     details = {"group": info.api_group, "kind": info.resource, "name": name}
-    return deny(403, why, message, **{k: v for k, v in details.items() if v})
+    return deny(403, why, message, rule=rule, **{k: v for k, v in details.items() if v})

@@ -18,6 +18,7 @@ from gatekeeper.policy.integrity import stale_conflict, stored_resource_version
 from gatekeeper.policy.model import Field, KindSpec
 from gatekeeper.policy.plan import Plan, Preview
 from gatekeeper.request.encoded import PROTOBUF, EncodedBody, encoding_name
+from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -86,7 +87,7 @@ def encoded_json(
     refusal the encoded body gets on its own."""
     info, kind = plan.info, plan.kind
     if mismatch := _envelope_mismatch(plan, body):
-        return deny(400, mismatch)
+        return deny(400, mismatch, rule=Rule.BAD_BODY)
     if info.verb == "update":
         if current is None or not plan.owns(current):
             return None
@@ -94,7 +95,8 @@ def encoded_json(
         if conflict := stale_conflict(info, kind, body.resource_version, stored):
             return conflict
     if proposed is None or proposed.result is None:
-        return deny(400, f"the {encoding_name(body.media_type)} request body could not be decoded")
+        why = f"the {encoding_name(body.media_type)} request body could not be decoded"
+        return deny(400, why, rule=Rule.BAD_BODY)
     if proposed.rejected:
         # Bad bytes (400), an invalid object (422), a conflict (409): the apiserver's own answer.
         return answered(rejected_preview(info.verb), proposed.code, proposed.result)
@@ -103,10 +105,11 @@ def encoded_json(
             400,
             f"the gatekeeper cannot read the protobuf envelope ({body.unreadable}), although the "
             "apiserver decoded it",
+            rule=Rule.BAD_BODY,
         )
     decoded = _as_sent(proposed.result, body)
     if (problem := _generated_pool(plan, decoded)) is not None:
-        return forbid(plan.driver, info, problem)
+        return forbid(plan.driver, info, problem, rule=Rule.POOL_PREFIX)
     return decoded
 
 
@@ -128,6 +131,7 @@ def encoded_decision(
             plan.info,
             f"the object must name its driver, node and pool itself: fields are filled only in "
             f"JSON bodies, not in {encoding_name(body.media_type)}",
+            rule=Rule.NOT_OWNER,
         )
     return replace(decision, body=proposed.body, media_type=body.media_type)
 

@@ -43,6 +43,7 @@ from gatekeeper.policy.ownership import collection_pool_violation
 from gatekeeper.policy.plan import Ownership, Plan, Preview
 from gatekeeper.request.encoded import EncodedBody
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule
 from gatekeeper.types import Identity, KubeObject
 
 __all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
@@ -189,18 +190,21 @@ class Engine:
         driver = identity.driver
         if not self.policy.allows_driver(driver):
             return forbid(
-                driver, info, f'driver "{driver}" is not allowed on node "{self.node_name}"'
+                driver,
+                info,
+                f'driver "{driver}" is not allowed on node "{self.node_name}"',
+                rule=Rule.DRIVER_NOT_ALLOWED,
             )
         if not info.is_resource_request:
             return self._non_resource(driver, info)
         kind = self.policy.kind_for(info.api_group, info.resource, info.verb)
         if kind is None:
-            return forbid(driver, info, "the gatekeeper policy does not allow this resource")
+            why = "the gatekeeper policy does not allow this resource"
+            return forbid(driver, info, why, rule=Rule.KIND_NOT_ALLOWED)
         version = kind.versions.get(info.api_version)
         if version is None:
-            return forbid(
-                driver, info, f"version {info.api_version} of {kind.qualified} is not in the policy"
-            )
+            why = f"version {info.api_version} of {kind.qualified} is not in the policy"
+            return forbid(driver, info, why, rule=Rule.VERSION_NOT_ALLOWED)
         return self._shape(driver, info, kind) or (kind, version)
 
     def _owner(
@@ -225,14 +229,7 @@ class Engine:
             return OnNodeOwner(version.paths[Field.NODE], self.node_name)
         if rule is KindRule.OWN_NODE:
             if info.name != self.node_name:
-                # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list
-                # or watch (which would show every node), no subresource.
-                return forbid(
-                    driver,
-                    info,
-                    f'a driver may only get this node\'s own {kind.kind} "{self.node_name}" '
-                    f"({kind.qualified}/{self.node_name})",
-                )
+                return self._own_node_only(driver, info, kind)
             return OwnObjectOwner(version.may_change)
         if rule is KindRule.OWN_POD:
             return self._own_pod(identity, info, kind, version)
@@ -248,8 +245,22 @@ class Engine:
                 f"{kind.qualified} is forwarded under the driver's own credentials, and a driver "
                 f"connected by {identity.transport} shows none: connect with its ServiceAccount "
                 "token (the token listener)",
+                rule=Rule.NO_DRIVER_CREDENTIALS,
             )
         return NamespaceOwner()
+
+    def _own_node_only(self, driver: str, info: RequestInfo, kind: KindSpec) -> Decision:
+        # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list or
+        # watch (which would show every node), no subresource.
+        allowed = [v for v in ("get", "update", "patch") if v in kind.verbs]
+        verbs = " or ".join(filter(None, (", ".join(allowed[:-1]), allowed[-1])))
+        return forbid(
+            driver,
+            info,
+            f'a driver may only {verbs} this node\'s own {kind.kind} "{self.node_name}" '
+            f"({kind.qualified}/{self.node_name})",
+            rule=Rule.OWN_OBJECT_ONLY,
+        )
 
     def _own_pod(
         self, identity: Identity, info: RequestInfo, kind: KindSpec, version: VersionSpec
@@ -261,6 +272,7 @@ class Engine:
                 info,
                 f"the caller's own {kind.kind} is known only from a pod-bound ServiceAccount token "
                 "(the token listener)",
+                rule=Rule.OWN_OBJECT_ONLY,
             )
         if (info.namespace, info.name) != (account[0], pod[0]):
             return forbid(
@@ -268,6 +280,7 @@ class Engine:
                 info,
                 f'a driver may only reach its own {kind.kind} "{account[0]}/{pod[0]}" (the pod '
                 "its token is bound to)",
+                rule=Rule.OWN_OBJECT_ONLY,
             )
         return OwnObjectOwner(version.may_change, pod_uid=pod[1])
 
@@ -284,6 +297,7 @@ class Engine:
                 info,
                 f'driver "{identity.driver}" has no namespace: map its ServiceAccount under '
                 "serviceAccounts in the policy",
+                rule=Rule.NAMESPACE_NOT_ALLOWED,
             )
         if info.namespace not in namespaces:
             where = f'namespace "{info.namespace}"' if info.namespace else "all namespaces"
@@ -292,13 +306,15 @@ class Engine:
                 info,
                 f"{kind.qualified} is allowed only in the driver's own namespace "
                 f"({', '.join(sorted(namespaces))}), not in {where}",
+                rule=Rule.NAMESPACE_NOT_ALLOWED,
             )
         return NamespaceOwner()
 
     def _non_resource(self, driver: str, info: RequestInfo) -> Decision:
         if info.method in _READ_METHODS and self._open_path(info.path):
             return allow("discovery and version paths are open to drivers", info)
-        return forbid(driver, info, "only discovery of the policy's API groups is allowed")
+        why = "only discovery of the policy's API groups is allowed"
+        return forbid(driver, info, why, rule=Rule.DISCOVERY_NOT_ALLOWED)
 
     def _open_path(self, path: str) -> bool:
         # The parser lets a trailing "/" through on discovery paths only (/apis/<g>/): the same
@@ -327,11 +343,16 @@ class Engine:
         if namespaced and not info.namespace and info.verb not in ("list", "watch"):
             return deny(400, f"{kind.qualified} is namespaced: the path must name a namespace")
         if info.subresource and info.subresource not in kind.subresources:
-            return forbid(driver, info, f'subresource "{info.subresource}" is not in the policy')
+            why = f'subresource "{info.subresource}" is not in the policy'
+            return forbid(driver, info, why, rule=Rule.SUBRESOURCE_NOT_ALLOWED)
+        if info.verb not in kind.verbs and kind.rule is KindRule.OWN_NODE:
+            # A list, a watch, a create of nodes: what the rule allows is one object, by name.
+            return self._own_node_only(driver, info, kind)
         if info.verb not in kind.verbs:
-            return forbid(driver, info, f"verb {info.verb} is not allowed on {kind.qualified}")
-        if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (why := request_refusal(info)):
-            return forbid(driver, info, why)
+            why = f"verb {info.verb} is not allowed on {kind.qualified}"
+            return forbid(driver, info, why, rule=Rule.VERB_NOT_ALLOWED)
+        if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (refused := request_refusal(info)):
+            return forbid(driver, info, refused, rule=Rule.STATUS_SUBRESOURCE_ONLY)
         if info.verb == "create" and info.name and not info.subresource:
             # A POST to a named path: the apiserver routes no create there (recording 199).
             return replace(
@@ -351,7 +372,7 @@ class Engine:
                     f"continue is not accepted for {kind.qualified}: {CONTINUE_REFUSED}; list "
                     "again without continue"
                 )
-                return deny(400, CONTINUE_REFUSED, message)
+                return deny(400, CONTINUE_REFUSED, message, rule=Rule.CONTINUE_REFUSED)
             # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
             # passed on (the proxy pages the upstream itself and hands out no continue token).
             target = info.with_query("limit", None)
@@ -376,7 +397,7 @@ class Engine:
         try:
             terms = parse_field_selector(info.query_value("fieldSelector") or "")
         except ValueError as exc:
-            return deny(400, f"invalid fieldSelector: {exc}")
+            return deny(400, f"invalid fieldSelector: {exc}", rule=Rule.BAD_QUERY)
         if info.verb == "deletecollection" and (
             problem := collection_pool_violation(version, terms, self.node_name)
         ):
@@ -386,7 +407,8 @@ class Engine:
             pinned = [t.value for t in terms if t.field == key and t.operator == "="]
             if any(value != want for value in pinned):
                 other = next(value for value in pinned if value != want)
-                return forbid(driver, info, f'fieldSelector pins {key}="{other}", not "{want}"')
+                why = f'fieldSelector pins {key}="{other}", not "{want}"'
+                return forbid(driver, info, why, rule=Rule.SELECTOR_REQUIRED)
             if not pinned:
                 missing.append(FieldRequirement(key, "=", want))
         what = " and ".join(
@@ -405,6 +427,7 @@ class Engine:
             info,
             f"{info.verb} requires fieldSelector {needed} "
             f"(missing {format_field_selector(missing)})",
+            rule=Rule.SELECTOR_REQUIRED,
         )
 
 

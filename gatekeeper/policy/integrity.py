@@ -13,6 +13,7 @@ from gatekeeper.policy.model import KindSpec
 from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
 from gatekeeper.policy.plan import Preview
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -38,29 +39,34 @@ def stored_resource_version(current: KubeObject) -> str:
 
 def body_shape(info: RequestInfo, kind: KindSpec, body: KubeObject | None) -> Decision | None:
     if not isinstance(body, dict):
-        return deny(400, f"{info.verb} of {kind.qualified} needs a JSON object body")
+        return deny(
+            400, f"{info.verb} of {kind.qualified} needs a JSON object body", rule=Rule.BAD_BODY
+        )
     expected = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
     if body.get("apiVersion") != expected or body.get("kind") != kind.kind:
         return deny(
             400,
             f'body apiVersion/kind "{body.get("apiVersion")}"/"{body.get("kind")}" does not match '
             f'the URL ("{expected}"/"{kind.kind}")',
+            rule=Rule.BAD_BODY,
         )
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        return deny(400, "metadata must be an object")
+        return deny(400, "metadata must be an object", rule=Rule.BAD_BODY)
     metadata = metadata or {}
     namespace = metadata.get("namespace")
     if namespace and namespace != info.namespace:
         return deny(
             400,
             "the namespace of the provided object does not match the namespace sent on the request",
+            rule=Rule.BAD_BODY,
         )
     if info.name and metadata.get("name") != info.name:
         return deny(
             400,
             f"the name of the object ({metadata.get('name')}) does not match the name on the URL "
             f"({info.name})",
+            rule=Rule.BAD_BODY,
         )
     return None
 
@@ -228,6 +234,7 @@ def delete_options(info: RequestInfo, kind: KindSpec, body: Any) -> Decision | K
                     400,
                     f'gracePeriodSeconds "{value}" is not an integer',
                     f'invalid value "{value}" for gracePeriodSeconds: must be an int64',
+                    rule=Rule.BAD_QUERY,
                 )
             options["gracePeriodSeconds"] = int(value)
     return options
@@ -239,17 +246,21 @@ def checked_delete_options(info: RequestInfo, kind: KindSpec, body: Any) -> Deci
     ``apiVersion`` (if given) ``v1``, ``meta.k8s.io/v1`` or the request's own group version.
     """
     if not isinstance(body, dict):
-        return deny(400, "a DeleteOptions body must be a JSON object")
+        return deny(400, "a DeleteOptions body must be a JSON object", rule=Rule.BAD_BODY)
     for key, value in body.items():
         if key not in DELETE_OPTION_FIELDS:
-            return deny(400, f'DeleteOptions has no field "{key}"')
+            return deny(400, f'DeleteOptions has no field "{key}"', rule=Rule.BAD_BODY)
         if value is not None and (problem := _option_type_problem(key, value)):
-            return deny(400, f"DeleteOptions.{key}: {problem}")
+            return deny(400, f"DeleteOptions.{key}: {problem}", rule=Rule.BAD_BODY)
     own = f"{kind.group}/{info.api_version}" if kind.group else info.api_version
     if body.get("kind") not in (None, "DeleteOptions"):
-        return deny(400, f'body kind "{body["kind"]}" is not DeleteOptions')
+        return deny(400, f'body kind "{body["kind"]}" is not DeleteOptions', rule=Rule.BAD_BODY)
     if body.get("apiVersion") not in (None, "v1", "meta.k8s.io/v1", own):
-        return deny(400, f'DeleteOptions apiVersion "{body["apiVersion"]}" is not meta.k8s.io/v1')
+        return deny(
+            400,
+            f'DeleteOptions apiVersion "{body["apiVersion"]}" is not meta.k8s.io/v1',
+            rule=Rule.BAD_BODY,
+        )
     return copy.deepcopy(body)
 
 

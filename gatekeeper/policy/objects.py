@@ -14,6 +14,7 @@ from gatekeeper.policy.model import KindRule
 from gatekeeper.policy.ownership import fill_missing
 from gatekeeper.policy.patching import APPLY
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
 __all__ = ["ANSWERED_FROM_READ", "decide_object"]
@@ -61,7 +62,7 @@ def decide_object(
         if plan.owner.hidden:
             # SECURITY: DESIGN §4.3 — an object out of scope answers as absent (the same
             # Status), so that a driver cannot learn which others exist.
-            return not_found(info, kind.qualified, problem)
+            return not_found(info, kind.qualified, problem.message, Rule.NOT_IN_SCOPE)
         return forbid(plan.driver, info, problem)
     if info.verb == "get":
         return _get(plan, current)
@@ -124,7 +125,7 @@ def _patch(plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None
         return prepared
     result, pinned = prepared
     if problem := plan.owner.written(result, current):
-        return forbid(plan.driver, info, f"after the patch, {problem}")
+        return forbid(plan.driver, info, problem.prefixed("after the patch, "))
     refusal = plan.context.refusal(
         plan.version.cel, operation_of("patch", current), result, current, scoped=_scoped(plan)
     )

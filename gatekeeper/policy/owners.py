@@ -11,6 +11,7 @@ from gatekeeper.policy.cel import CelRules
 from gatekeeper.policy.changes import forbidden_change
 from gatekeeper.policy.model import Changeable, VersionSpec
 from gatekeeper.policy.ownership import driver_violation, ownership_violation
+from gatekeeper.rule import Rule, Violation
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -37,12 +38,12 @@ class NodeLocalOwner:
     """A read of a kind whose drivers read their own objects on every node
     (``readAcrossNodes``): the stored object need only be the caller's."""
 
-    def stored(self, obj: KubeObject) -> str | None:
+    def stored(self, obj: KubeObject) -> Violation | None:
         if self.any_node:
             return driver_violation(self.version, obj, self.driver)
         return ownership_violation(self.version, obj, self.driver, self.node, stored=True)
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         return ownership_violation(self.version, obj, self.driver, self.node)
 
 
@@ -54,18 +55,19 @@ class OnNodeOwner:
     node: str
     hidden: bool = False
 
-    def stored(self, obj: KubeObject) -> str | None:
+    def stored(self, obj: KubeObject) -> Violation | None:
         value = get_field(obj, self.path)
         if value == self.node:
             return None
         shown = "" if value is MISSING or value is None else value
-        return (
+        return Violation(
+            Rule.NODE_MISMATCH,
             f'the stored object\'s {".".join(self.path)} "{shown}" does not match this node '
-            f'"{self.node}"'
+            f'"{self.node}"',
         )
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
-        return "objects on this node are only read"
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
+        return Violation(Rule.VERB_NOT_ALLOWED, "objects on this node are only read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,20 +79,23 @@ class OwnObjectOwner:
     pod_uid: str = ""
     hidden: bool = False
 
-    def stored(self, obj: KubeObject) -> str | None:
+    def stored(self, obj: KubeObject) -> Violation | None:
         if not self.pod_uid:
             return None
         uid = get_field(obj, ("metadata", "uid"))
         if uid == self.pod_uid:
             return None
-        return (
+        return Violation(
+            Rule.OWN_OBJECT_ONLY,
             f'the stored pod\'s metadata.uid "{uid if isinstance(uid, str) else ""}" is not the '
-            f'caller\'s pod (its token names pod uid "{self.pod_uid}")'
+            f'caller\'s pod (its token names pod uid "{self.pod_uid}")',
         )
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         if old is None:
-            return "an own object is never created through the gatekeeper"
+            return Violation(
+                Rule.OWN_OBJECT_ONLY, "an own object is never created through the gatekeeper"
+            )
         return forbidden_change(old, obj, self.may_change)
 
 
@@ -100,10 +105,10 @@ class NamespaceOwner:
 
     hidden: bool = False
 
-    def stored(self, obj: KubeObject) -> str | None:
+    def stored(self, obj: KubeObject) -> Violation | None:
         return None
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         return None
 
 
@@ -118,10 +123,12 @@ class CelOwner:
     verb: str
     hidden: bool = True
 
-    def stored(self, obj: KubeObject) -> str | None:
-        return None if self.context.holds_scope(self.cel, obj, self.verb) else NOT_IN_SCOPE
+    def stored(self, obj: KubeObject) -> Violation | None:
+        if self.context.holds_scope(self.cel, obj, self.verb):
+            return None
+        return Violation(Rule.NOT_IN_SCOPE, NOT_IN_SCOPE)
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         return None
 
     def __call__(self, obj: object) -> bool:

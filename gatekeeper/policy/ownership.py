@@ -12,6 +12,7 @@ from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, set_field
 from gatekeeper.codec.selectors import FieldRequirement
 from gatekeeper.policy.model import STRICT_POOL_SEPARATORS, Field, KindSpec, VersionSpec
 from gatekeeper.policy.nodeselector import names_only
+from gatekeeper.rule import Rule, Violation
 from gatekeeper.types import KubeObject
 
 __all__ = [
@@ -36,7 +37,7 @@ def pool_name_ok(
 
 def collection_pool_violation(
     version: VersionSpec, terms: tuple[FieldRequirement, ...], node: str
-) -> str | None:
+) -> Violation | None:
     """Why a deletecollection's field selector does not pin the pool to one the rule accepts;
     None when it does, or when no field selector can name this version's pool.
 
@@ -49,14 +50,15 @@ def collection_pool_violation(
         return None
     pinned = [t.value for t in terms if t.field == key and t.operator == "="]
     if not pinned:
-        return (
+        return Violation(
+            Rule.SELECTOR_REQUIRED,
             f'deletecollection requires fieldSelector {key}=<pool>: node name "{node}", or '
-            f"prefixed by it followed by {_shown(version)}"
+            f"prefixed by it followed by {_shown(version)}",
         )
     for value in pinned:
         if not pool_name_ok(value, node, version.pool_separators):
             why = _not_prefixed(value, node, version)
-            return f'fieldSelector pins {key}="{value}", which {why}'
+            return Violation(Rule.POOL_PREFIX, f'fieldSelector pins {key}="{value}", which {why}')
     return None
 
 
@@ -71,7 +73,7 @@ def _not_prefixed(value: str, node: str, version: VersionSpec) -> str:
 
 def ownership_violation(
     version: VersionSpec, obj: KubeObject, driver: str, node: str, *, stored: bool = False
-) -> str | None:
+) -> Violation | None:
     """Why ``obj`` does not belong to ``driver`` on ``node``; None when it does.
 
     ``stored`` marks the object already in the API (the message says so).
@@ -81,20 +83,21 @@ def ownership_violation(
     node_path = version.paths[Field.NODE]
     problem = _exact(obj, driver_path, driver, "the calling driver", whose)
     if problem:
-        return problem
+        return Violation(Rule.DRIVER_MISMATCH, problem)
     if problem := _node(version, obj, node, whose):
-        return problem
+        return Violation(Rule.NODE_MISMATCH, problem)
     pool_path = version.paths.get(Field.POOL)
     if pool_path is not None and (problem := _pool(version, obj, pool_path, node, whose)):
-        return problem
+        return Violation(Rule.POOL_PREFIX, problem)
     if stored:
         return None
     for path in version.forbidden:
         value = get_field(obj, path)
         if value is not MISSING and value is not None and value is not False:
-            return (
+            return Violation(
+                Rule.FORBIDDEN_FIELD,
                 f"{'.'.join(path)} is set: a node-local driver may only publish objects "
-                f"for its own node ({'.'.join(node_path)})"
+                f"for its own node ({'.'.join(node_path)})",
             )
     return None
 
@@ -124,10 +127,11 @@ def _node(version: VersionSpec, obj: KubeObject, node: str, whose: str) -> str |
     return None
 
 
-def driver_violation(version: VersionSpec, obj: KubeObject, driver: str) -> str | None:
+def driver_violation(version: VersionSpec, obj: KubeObject, driver: str) -> Violation | None:
     """Why the stored ``obj`` is not ``driver``'s (on any node); None when it is."""
     path = version.paths[Field.DRIVER]
-    return _exact(obj, path, driver, "the calling driver", "the stored object's ")
+    problem = _exact(obj, path, driver, "the calling driver", "the stored object's ")
+    return Violation(Rule.DRIVER_MISMATCH, problem) if problem else None
 
 
 def fill_missing(

@@ -15,6 +15,7 @@ from gatekeeper.policy.admission import CelContext
 from gatekeeper.policy.model import KindSpec, VersionSpec
 from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Violation
 from gatekeeper.types import Identity, KubeObject
 
 __all__ = ["PREVIEWED", "Ownership", "Plan", "Preview"]
@@ -67,10 +68,10 @@ class Ownership(Protocol):
     def hidden(self) -> bool:
         """An object that is not the caller's reads as absent (404), not as forbidden (403)."""
 
-    def stored(self, obj: KubeObject) -> str | None:
+    def stored(self, obj: KubeObject) -> Violation | None:
         """Why the stored ``obj`` is not the caller's to read or touch; None when it is."""
 
-    def written(self, obj: KubeObject, old: KubeObject | None) -> str | None:
+    def written(self, obj: KubeObject, old: KubeObject | None) -> Violation | None:
         """Why ``obj`` may not be stored (over ``old``, when one is); None when it may."""
 
 

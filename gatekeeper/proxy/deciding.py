@@ -19,6 +19,7 @@ from gatekeeper.request.body import JSON, decode_body, read_limited
 from gatekeeper.request.encoded import ENCODED_MEDIA_TYPES, read_encoded
 from gatekeeper.request.headers import accepts_plain_json
 from gatekeeper.request.requestinfo import RequestInfo
+from gatekeeper.rule import Rule
 from gatekeeper.types import Identity
 from gatekeeper.upstream.previews import run_preview
 from gatekeeper.upstream.reviewbudget import ReviewCaller
@@ -130,5 +131,7 @@ async def read_body(
         return (JSON, encoded) if isinstance(encoded, dict) else (media_type, encoded)
     media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
     if not isinstance(decoded, dict) and not (info.verb == "patch" and isinstance(decoded, list)):
-        raise Refusal(400, "request body must be a JSON object (or a JSON patch list)")
+        raise Refusal(
+            400, "request body must be a JSON object (or a JSON patch list)", rule=Rule.BAD_BODY
+        )
     return media_type, decoded

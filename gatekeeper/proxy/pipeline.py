@@ -25,6 +25,7 @@ from gatekeeper.proxy.forward import forward
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.request.headers import screen_request
 from gatekeeper.request.requestinfo import parse_request
+from gatekeeper.rule import Rule
 
 __all__ = ["Handler", "build_handler", "handle"]
 
@@ -64,6 +65,7 @@ async def handle(request: web.BaseRequest, gk: Gatekeeper) -> web.StreamResponse
                 message=refusal.message,
                 details=refusal.details,
                 retry_after=refusal.retry_after,
+                rule=refusal.rule,
             )
             return answer(flow, flow.decision)
         except UpstreamError as error:
@@ -92,6 +94,7 @@ async def _serve(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.St
             "the audit log cannot be written",
             "the gatekeeper cannot write its audit log (disk full or I/O error): requests "
             "are refused until it can, rather than served unaudited",
+            rule=Rule.AUDIT_UNWRITABLE,
             retry_after=5,
         )
     # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
@@ -107,7 +110,8 @@ def _upstream_failed(flow: Flow, error: UpstreamError) -> web.Response:
     log.warning("upstream error audit_id=%s code=%s %s", flow.audit_id, error.code, error.message)
     if flow.decision is None:
         # SECURITY: DESIGN §4.4 — what could not be read could not be checked: fail closed.
-        flow.decision = deny(error.code, f"no decision, the upstream failed: {error.message}")
+        why = f"no decision, the upstream failed: {error.message}"
+        flow.decision = deny(error.code, why, rule=Rule.UPSTREAM_FAILED)
     retry_after = 1 if error.code == 503 else None
     failed = Decision(False, error.message, error.code, error.message, retry_after=retry_after)
     return answer(flow, failed)

@@ -13,6 +13,7 @@ import yaml
 from gatekeeper.codec.jsonbounds import MAX_BODY_DEPTH, finite_float, shallow, within_depth
 from gatekeeper.codec.yamlbody import YAMLBodyError, load_json_yaml
 from gatekeeper.errors import Refusal
+from gatekeeper.rule import Rule
 
 __all__ = [
     "APPLY_YAML",
@@ -95,14 +96,16 @@ def _decode_yaml(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Refusal(400, "request body is not UTF-8") from exc
+        raise Refusal(400, "request body is not UTF-8", rule=Rule.BAD_BODY) from exc
     try:
         return load_json_yaml(text, _unique_object)
     except (_AmbiguousKey, YAMLBodyError) as exc:
-        raise Refusal(400, str(exc)) from exc
+        raise Refusal(400, str(exc), rule=Rule.BAD_BODY) from exc
     except (yaml.YAMLError, ValueError) as exc:
         # ValueError: a scalar the resolver typed but cannot convert (an int of 5,000 digits).
-        raise Refusal(400, f"request body is not valid YAML: {' '.join(str(exc).split())}") from exc
+        raise Refusal(
+            400, f"request body is not valid YAML: {' '.join(str(exc).split())}", rule=Rule.BAD_BODY
+        ) from exc
 
 
 def decode_json(raw: bytes) -> Any:
@@ -111,7 +114,7 @@ def decode_json(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Refusal(400, "request body is not UTF-8") from exc
+        raise Refusal(400, "request body is not UTF-8", rule=Rule.BAD_BODY) from exc
     try:
         value = json.loads(
             text,
@@ -123,9 +126,9 @@ def decode_json(raw: bytes) -> Any:
         # The C decoder recurses per level: past ~1,000 levels, the body is far too deep anyway.
         raise _too_deep() from None
     except _AmbiguousKey as exc:
-        raise Refusal(400, str(exc)) from exc
+        raise Refusal(400, str(exc), rule=Rule.BAD_BODY) from exc
     except ValueError as exc:
-        raise Refusal(400, f"request body is not valid JSON: {exc}") from exc
+        raise Refusal(400, f"request body is not valid JSON: {exc}", rule=Rule.BAD_BODY) from exc
     if not shallow(raw, MAX_BODY_DEPTH) and not within_depth(value, MAX_BODY_DEPTH):
         raise _too_deep()
     return value
@@ -139,6 +142,7 @@ def _too_deep() -> Refusal:
         f"request body is nested more than {MAX_BODY_DEPTH} levels deep",
         f"request body is nested more than {MAX_BODY_DEPTH} levels deep: the gatekeeper accepts "
         f"at most {MAX_BODY_DEPTH}",
+        rule=Rule.BAD_BODY,
     )
 
 

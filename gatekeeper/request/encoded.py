@@ -21,6 +21,7 @@ from gatekeeper.codec.kubeproto import (
     read_envelope,
 )
 from gatekeeper.errors import Refusal
+from gatekeeper.rule import Rule
 
 __all__ = [
     "CBOR",
@@ -72,7 +73,7 @@ def read_encoded(raw: bytes, media_type: str, verb: str) -> EncodedBody | dict[s
         try:
             return delete_options(raw)
         except ProtobufError as exc:
-            raise Refusal(400, f"protobuf DeleteOptions body: {exc}") from None
+            raise Refusal(400, f"protobuf DeleteOptions body: {exc}", rule=Rule.BAD_BODY) from None
     if verb == "create" or (verb == "update" and media_type == PROTOBUF):
         if media_type == CBOR:
             return EncodedBody(raw, media_type)
@@ -83,7 +84,7 @@ def read_encoded(raw: bytes, media_type: str, verb: str) -> EncodedBody | dict[s
                 # SECURITY: DESIGN §4.4 — the apiserver could read a value here that the
                 # gatekeeper does not (an aliased ObjectMeta unpins the update): nothing of it
                 # goes upstream, not even the dry run.
-                raise Refusal(400, f"protobuf request body: {exc}") from None
+                raise Refusal(400, f"protobuf request body: {exc}", rule=Rule.BAD_BODY) from None
             # Bytes the apiserver refuses too: its dry run's own error is what the driver gets.
             return EncodedBody(raw, media_type, unreadable=str(exc))
     # SECURITY: DESIGN §4.4 — a CBOR update or delete body would have to be read or pinned

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gatekeeper.errors import Refusal
+from gatekeeper.rule import Rule
 
 __all__ = [
     "ALLOWED_METHODS",
@@ -54,18 +55,20 @@ def accepts_plain_json(accept: str) -> bool:
 def screen_request(method: str, headers: Mapping[str, str]) -> None:
     """Refuse (403) methods and headers that change who or what the request is."""
     if method not in ALLOWED_METHODS:
-        raise Refusal(403, f"method {method} is not allowed")
+        raise Refusal(403, f"method {method} is not allowed", rule=Rule.METHOD_NOT_ALLOWED)
     for name in headers:
         lower = name.lower()
         # SECURITY: DESIGN §4.5 — identity and method must come from the gatekeeper alone.
         if lower.startswith(_REFUSED_PREFIXES) or lower in _REFUSED_HEADERS:
-            raise Refusal(403, f"header {name} is not allowed")
+            raise Refusal(403, f"header {name} is not allowed", rule=Rule.HEADER_NOT_ALLOWED)
     if (
         "upgrade" in (key.lower() for key in headers)
         or "upgrade" in headers.get("Connection", "").lower()
     ):
         raise Refusal(
-            403, "connection upgrades (exec, attach, port-forward, websockets) are not allowed"
+            403,
+            "connection upgrades (exec, attach, port-forward, websockets) are not allowed",
+            rule=Rule.UPGRADE_NOT_ALLOWED,
         )
 
 

@@ -15,6 +15,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from gatekeeper.errors import Refusal
 from gatekeeper.names import DNS_SUBDOMAIN
+from gatekeeper.rule import Rule
 
 __all__ = ["ALLOWED_QUERY_PARAMETERS", "RequestInfo", "parse_request"]
 
@@ -151,13 +152,20 @@ def parse_request(method: str, raw_target: str) -> RequestInfo:
     no ``/`` or ``%``).
     """
     if method not in _READ_METHODS and method not in _METHOD_VERBS:
-        raise Refusal(403, "method not allowed", f"method {_q(method)} is not allowed")
+        raise Refusal(
+            403,
+            "method not allowed",
+            f"method {_q(method)} is not allowed",
+            rule=Rule.METHOD_NOT_ALLOWED,
+        )
     path, raw_query = _split_target(raw_target)
     segments = _split_path(path)
     query = _parse_query(raw_query)
     watch = _watch_requested(query)
     if watch and method not in _READ_METHODS:
-        raise Refusal(400, "watch on a write", f"watch is set on a {method} request")
+        raise Refusal(
+            400, "watch on a write", f"watch is set on a {method} request", rule=Rule.BAD_QUERY
+        )
     info = _resource_info(method, path, query, segments, watch)
     return info if info is not None else _non_resource_info(method, path, query, segments, watch)
 
@@ -233,7 +241,12 @@ def _parse_query(raw_query: str) -> tuple[tuple[str, str], ...]:
         key = _decode(raw_key, f"query parameter {number} name")
         value = _decode(raw_value, f"query parameter {_q(key)} value")
         if key == "":
-            raise Refusal(400, "empty query key", f"query parameter {number} has an empty name")
+            raise Refusal(
+                400,
+                "empty query key",
+                f"query parameter {number} has an empty name",
+                rule=Rule.BAD_QUERY,
+            )
         _check_query_key(key)
         if key in seen:
             # SECURITY: DESIGN §4.5 - the apiserver reads the first value, a check may read another.
@@ -241,6 +254,7 @@ def _parse_query(raw_query: str) -> tuple[tuple[str, str], ...]:
                 400,
                 "repeated query parameter",
                 f"query parameter {_q(key)} is given more than once",
+                rule=Rule.BAD_QUERY,
             )
         seen.add(key)
         if key in _BOOL_PARAMETERS:
@@ -252,13 +266,22 @@ def _parse_query(raw_query: str) -> tuple[tuple[str, str], ...]:
 def _decode(raw: str, where: str) -> str:
     """Form-decode one query component strictly: valid escapes, UTF-8, no control characters."""
     if _BAD_ESCAPE.search(raw):
-        raise Refusal(400, "bad query encoding", f"{where} has an invalid percent-escape")
+        raise Refusal(
+            400, "bad query encoding", f"{where} has an invalid percent-escape", rule=Rule.BAD_QUERY
+        )
     try:
         text = unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
     except UnicodeDecodeError:
-        raise Refusal(400, "bad query encoding", f"{where} is not valid UTF-8") from None
+        raise Refusal(
+            400, "bad query encoding", f"{where} is not valid UTF-8", rule=Rule.BAD_QUERY
+        ) from None
     if _CONTROL.search(text):
-        raise Refusal(400, "bad query encoding", f"{where} decodes to a control character")
+        raise Refusal(
+            400,
+            "bad query encoding",
+            f"{where} decodes to a control character",
+            rule=Rule.BAD_QUERY,
+        )
     return text
 
 
@@ -276,6 +299,7 @@ def _check_query_key(key: str) -> None:
         400,
         "unknown query parameter",
         f"query parameter {_q(key)} is not recognized (query keys are case-sensitive{hint})",
+        rule=Rule.BAD_QUERY,
     )
 
 
@@ -289,6 +313,7 @@ def _parse_bool(key: str, value: str) -> bool:
         400,
         "invalid boolean query value",
         f"query parameter {_q(key)} has value {_q(value)}; use true or false",
+        rule=Rule.BAD_QUERY,
     )
 
 
@@ -302,7 +327,8 @@ def _non_resource_info(
 ) -> RequestInfo:
     """A non-resource request; group/version filled in for /api/<v>, /apis/<g>, /apis/<g>/<v>."""
     if watch:
-        raise Refusal(400, "watch on a non-resource path", f"watch is set on {_q(path)}")
+        why = f"watch is set on {_q(path)}"
+        raise Refusal(400, "watch on a non-resource path", why, rule=Rule.BAD_QUERY)
     group = version = ""
     if segments[:1] == ["api"] and len(segments) == 2:
         version = _checked(segments[1], _DNS_1035_LABEL, "API version")

@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gatekeeper.audit import AuditSink, JsonLinesWriter
-from gatekeeper.server.rules import rule_of
+from gatekeeper.audit.event import RULE_ANNOTATION
+from gatekeeper.rule import Rule
 from gatekeeper.upstream.session import AnswerHook
 from gatekeeper.upstream.tokenfailures import TokenFailure
 
@@ -217,8 +218,10 @@ class Metrics:
         verb = verb if verb in _VERBS else "other"
         self.requests.labels(driver, verb, resource, decision, str(code)).inc()
         if decision == "forbid":
-            reason = str(annotations.get("authorization.k8s.io/reason") or "")
-            self.refusals.labels(driver, rule_of(code, reason)).inc()
+            # The rule the refusal was made with (a fixed set), never read from its message.
+            label = annotations.get(RULE_ANNOTATION)
+            rule = Rule.of_label(label) if isinstance(label, str) else Rule.for_code(code)
+            self.refusals.labels(driver, rule.value).inc()
 
     # --- in-flight requests ----------------------------------------------------------------
 

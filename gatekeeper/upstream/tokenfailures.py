@@ -6,6 +6,7 @@ from __future__ import annotations
 from enum import Enum
 
 from gatekeeper.errors import Refusal
+from gatekeeper.rule import Rule
 
 __all__ = ["TokenFailure", "TokenRefusal"]
 
@@ -42,5 +43,17 @@ class TokenRefusal(Refusal):
         *,
         retry_after: int | None = None,
     ) -> None:
-        super().__init__(code, reason, message, retry_after=retry_after)
+        super().__init__(code, reason, message, rule=_RULES[failure], retry_after=retry_after)
         self.failure = failure
+
+
+# The rule each failure breaks (the refusals metric's label, beside this one's own).
+_RULES = {
+    TokenFailure.NO_BEARER: Rule.UNAUTHENTICATED,
+    TokenFailure.RATE_LIMITED: Rule.RATE_LIMITED,
+    TokenFailure.REVIEW_UNAVAILABLE: Rule.UPSTREAM_FAILED,
+    TokenFailure.REJECTED: Rule.UNAUTHENTICATED,
+    TokenFailure.UNMAPPED: Rule.DRIVER_NOT_ALLOWED,
+    TokenFailure.UNBOUND: Rule.NODE_MISMATCH,
+    TokenFailure.WRONG_NODE: Rule.NODE_MISMATCH,
+}

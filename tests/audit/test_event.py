@@ -11,6 +11,7 @@ from gatekeeper.audit.flow import Flow
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy.decision import deny
 from gatekeeper.request.requestinfo import parse_request
+from gatekeeper.rule import Rule
 
 GPU = "gpu.example.com"
 
@@ -74,12 +75,15 @@ def test_event_fields() -> None:
 
 def test_refusal_is_forbid_with_reason() -> None:
     made = flow("GET", "/version", code=403)
-    made.decision = deny(403, "header Impersonate-User is not allowed")
+    made.decision = deny(
+        403, "header Impersonate-User is not allowed", rule=Rule.HEADER_NOT_ALLOWED
+    )
     made.status_message = made.decision.message
     event = build_event(made, AuditLevel.METADATA)
     assert event["annotations"] == {
         "authorization.k8s.io/decision": "forbid",
         "authorization.k8s.io/reason": "header Impersonate-User is not allowed",
+        "dra-gatekeeper.io/rule": "header-not-allowed",
     }
     assert event["responseStatus"]["status"] == "Failure"
 

@@ -54,6 +54,24 @@ def test_a_number_cut_at_a_chunk_boundary_is_not_read_early() -> None:
     assert got == [34] and reader.members["x"] == 12
 
 
+@pytest.mark.parametrize(
+    ("document", "cut"),
+    [
+        (b'{"metadata": -0.0, "items": [1.5e3]}', 16),  # "-0." then "0"
+        (b'{"items": [1.5e3]}', 15),  # "1.5e" then "3"
+        (b'{"items": [1.5e-3]}', 15),  # "1.5e" then "-3"
+    ],
+)
+def test_a_fraction_or_exponent_cut_at_a_chunk_boundary_waits_for_its_digits(
+    document: bytes, cut: int
+) -> None:
+    """Found by the property above: a number read up to the chunk's end stopped at its ".", and
+    the "." was then taken for what follows the number."""
+    got, reader = read(document, [cut])
+    assert got == json.loads(document)["items"]
+    assert reader.members == {k: v for k, v in json.loads(document).items() if k != "items"}
+
+
 def test_items_after_and_members_after_the_items() -> None:
     got, reader = read(b'{"items":[{"a":1}],"metadata":{"resourceVersion":"7"}}', [5])
     assert got == [{"a": 1}] and reader.members == {"metadata": {"resourceVersion": "7"}}

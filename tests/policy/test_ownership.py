@@ -10,6 +10,7 @@ import pytest
 
 from gatekeeper.policy import Field, load_policy
 from gatekeeper.policy.ownership import fill_missing, ownership_violation, pool_name_ok
+from gatekeeper.rule import Rule, Violation
 
 NODE, GPU = "node-a", "gpu.example.com"
 POLICY = load_policy(None)
@@ -55,21 +56,21 @@ def slice_v1(**spec: Any) -> dict[str, Any]:
 
 VIOLATIONS = [
     ("own", slice_v1(), False, None),
-    ("other-driver", slice_v1(driver="nic"), False,
-     'spec.driver "nic" does not match the calling driver "gpu.example.com"'),
-    ("no-driver", slice_v1(driver=""), False,
-     'spec.driver is empty: it must be the calling driver "gpu.example.com"'),
-    ("other-node", slice_v1(nodeName="node-b"), True,
-     'the stored object\'s spec.nodeName "node-b" does not match this node "node-a"'),
-    ("odd-node-type", slice_v1(nodeName=7), False,
-     'spec.nodeName "7" does not match this node "node-a"'),
-    ("bad-pool", slice_v1(pool={"name": "gpus"}), False,
-     'spec.pool.name "gpus" is not prefixed by node name "node-a"'),
-    ("no-pool", slice_v1(pool={}), False,
-     'spec.pool.name is empty: it must be prefixed by node name "node-a"'),
-    ("all-nodes", slice_v1(allNodes=True), False,
+    ("other-driver", slice_v1(driver="nic"), False, (Rule.DRIVER_MISMATCH,
+     'spec.driver "nic" does not match the calling driver "gpu.example.com"')),
+    ("no-driver", slice_v1(driver=""), False, (Rule.DRIVER_MISMATCH,
+     'spec.driver is empty: it must be the calling driver "gpu.example.com"')),
+    ("other-node", slice_v1(nodeName="node-b"), True, (Rule.NODE_MISMATCH,
+     'the stored object\'s spec.nodeName "node-b" does not match this node "node-a"')),
+    ("odd-node-type", slice_v1(nodeName=7), False, (Rule.NODE_MISMATCH,
+     'spec.nodeName "7" does not match this node "node-a"')),
+    ("bad-pool", slice_v1(pool={"name": "gpus"}), False, (Rule.POOL_PREFIX,
+     'spec.pool.name "gpus" is not prefixed by node name "node-a"')),
+    ("no-pool", slice_v1(pool={}), False, (Rule.POOL_PREFIX,
+     'spec.pool.name is empty: it must be prefixed by node name "node-a"')),
+    ("all-nodes", slice_v1(allNodes=True), False, (Rule.FORBIDDEN_FIELD,
      "spec.allNodes is set: a node-local driver may only publish objects for its own node "
-     "(spec.nodeName)"),
+     "(spec.nodeName)")),
     ("all-nodes-false", slice_v1(allNodes=False), False, None),
     ("stored-all-nodes", slice_v1(allNodes=True), True, None),
 ]  # fmt: skip
@@ -78,8 +79,11 @@ VIOLATIONS = [
 @pytest.mark.parametrize(
     ("obj", "stored", "problem"), [c[1:] for c in VIOLATIONS], ids=[c[0] for c in VIOLATIONS]
 )
-def test_ownership_violation_names_the_field(obj: Any, stored: bool, problem: str | None) -> None:
-    assert ownership_violation(V1, obj, GPU, NODE, stored=stored) == problem
+def test_ownership_violation_names_the_field_and_the_rule(
+    obj: Any, stored: bool, problem: tuple[Rule, str] | None
+) -> None:
+    expected = None if problem is None else Violation(*problem)
+    assert ownership_violation(V1, obj, GPU, NODE, stored=stored) == expected
 
 
 def test_a_pool_named_by_metadata_name_may_be_generated_where_dash_is_allowed() -> None:
@@ -88,12 +92,14 @@ def test_a_pool_named_by_metadata_name_may_be_generated_where_dash_is_allowed() 
     dashed = replace(POOL_V1, pool_separators=("/", "-"))
     assert ownership_violation(dashed, pool, GPU, NODE) is None
     # The default: a generated name would be "<node>-<random>", maybe another node's pool.
-    assert ownership_violation(POOL_V1, pool, GPU, NODE) == (
-        'metadata.generateName "node-a-" must start with node name "node-a" followed by "/"'
+    assert ownership_violation(POOL_V1, pool, GPU, NODE) == Violation(
+        Rule.POOL_PREFIX,
+        'metadata.generateName "node-a-" must start with node name "node-a" followed by "/"',
     )
     pool["metadata"]["generateName"] = "gpus-"
-    assert ownership_violation(dashed, pool, GPU, NODE) == (
-        'metadata.generateName "gpus-" must start with node name "node-a" followed by "/" or "-"'
+    assert ownership_violation(dashed, pool, GPU, NODE) == Violation(
+        Rule.POOL_PREFIX,
+        'metadata.generateName "gpus-" must start with node name "node-a" followed by "/" or "-"',
     )
 
 

@@ -162,7 +162,7 @@ REFUSALS = [
         'cannot list resource "secrets"',
     ),
     ("pods", "POST", "/api/v1/namespaces/default/pods", {"kind": "Pod"}, 403, "does not allow"),
-    ("nodes", "GET", "/api/v1/nodes", None, 403, "verb list is not allowed on nodes"),
+    ("nodes", "GET", "/api/v1/nodes", None, 403, "a driver may only get this node's own Node"),
     (
         "clusterroles",
         "GET",

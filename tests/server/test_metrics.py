@@ -10,9 +10,8 @@ import pytest
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import NullSink
 from gatekeeper.policy import load_policy
-from gatekeeper.policy.claims import CONTINUE_REFUSED
+from gatekeeper.rule import Rule
 from gatekeeper.server.metrics import MeteredSink, Metrics
-from gatekeeper.server.rules import RULES, rule_of
 from gatekeeper.testing.harness import (
     GPU,
     SLICES,
@@ -74,6 +73,7 @@ def event(stage: str = "ResponseComplete", **overrides: Any) -> dict[str, Any]:
                         "authorization.k8s.io/decision": "forbid",
                         "authorization.k8s.io/reason": 'spec.pool.name "x" is not prefixed by '
                         'node name "node-a"',
+                        "dra-gatekeeper.io/rule": "pool-prefix",
                     },
                     responseStatus={"code": 403},
                 )
@@ -148,23 +148,28 @@ def test_record_event(
 
 
 def test_refusal_labels_are_rules_never_reasons() -> None:
+    """The label is the rule the event names (a fixed set), else the code's: never text of the
+    reason, and never a value the event makes up."""
     metrics = served_metrics()
     for index in range(250):
-        metrics.record_event(
-            event(
-                auditID=str(index),
-                annotations={
-                    "authorization.k8s.io/decision": "forbid",
-                    "authorization.k8s.io/reason": f"reason {index}",
-                },
-            )
-        )
+        annotations = {
+            "authorization.k8s.io/decision": "forbid",
+            "authorization.k8s.io/reason": f"reason {index}",
+            "dra-gatekeeper.io/rule": ["pool-prefix", f"made-up-{index}", "cel-validation"][
+                index % 3
+            ],
+        }
+        metrics.record_event(event(auditID=str(index), annotations=annotations))
+    metrics.record_event(
+        event(auditID="x", annotations={"authorization.k8s.io/decision": "forbid"})
+    )
     reasons = {
         dict(labels)["reason"]
         for (name, labels) in metric_samples(metrics.render().decode())
         if name == "dra_gatekeeper_refusals_total"
     }
-    assert reasons == {"other"} and reasons <= RULES
+    assert reasons == {"pool-prefix", "other", "cel-validation"}
+    assert reasons <= {rule.value for rule in Rule}
 
 
 async def test_metered_sink_counts_and_passes_every_event_on() -> None:
@@ -220,6 +225,25 @@ async def test_creates_with_random_pool_names_add_no_series(
     assert apiserver.journal == []
 
 
-def test_the_rule_of_a_refused_continue_token() -> None:
-    assert rule_of(400, CONTINUE_REFUSED) == "continue-refused"
-
+@pytest.mark.parametrize(
+    ("target", "rule"),
+    [
+        (SLICES + "?continue=abc", "selector-required"),
+        ("/apis/resource.k8s.io/v1/resourceclaims?continue=abc", "continue-refused"),
+        ("/api/v1/secrets", "kind-not-allowed"),
+        (SLICES + "?fieldselector=x", "bad-query"),
+        (SLICES + "/x/", "bad-path"),
+    ],
+)
+async def test_the_rule_is_the_one_the_refusal_was_made_with(
+    gatekeeper: Running, target: str, rule: str
+) -> None:
+    sink = gatekeeper.server.metrics
+    async with gatekeeper.unix_session(GPU) as session, session.get(target) as response:
+        assert response.status in (400, 403)
+    refusals = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in metric_samples(sink.render().decode()).items()
+        if name == "dra_gatekeeper_refusals_total"
+    }
+    assert refusals == {rule: 1.0}
