@@ -16,7 +16,7 @@ from gatekeeper.audit.tools.reader import Record, to_record
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Engine, KindRule, ListSelectorMode, Policy, load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
-from gatekeeper.testing.harness import GPU, NODE, decide_offline
+from gatekeeper.testing.harness import GPU, NODE, SLICES, decide_offline, slice_body
 from gatekeeper.types import Identity
 from tests.audit.driverday import OWN_POD, POD_UID, RULES
 from tests.audit.logs import SA_GPU, apiserver_event
@@ -259,14 +259,14 @@ def test_a_socket_caller_without_a_token_gets_no_credentials_rule() -> None:
     assert "DriverCredentials" not in text.split("apiVersion:")[1]
 
 
-def test_built_in_kinds_written_in_a_kube_apiserver_log_accept_every_encoding() -> None:
+def test_encodings_are_written_only_where_they_differ_from_the_default() -> None:
+    """A built-in kind takes client-go's protobuf by default; the base's wider list is kept."""
     lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}}
-    text, policy = generated(
-        logged(("create", "/apis/coordination.k8s.io/v1/namespaces/gpu-system/leases", lease))
-    )
-    leases = policy.kind_for("coordination.k8s.io", "leases")
-    assert leases is not None and leases.encodings == {"json", "protobuf", "cbor"}
-    assert "# REVIEW: encodings: protobuf and CBOR bodies are accepted for leases" in notes(text)
+    leases = "/apis/coordination.k8s.io/v1/namespaces/gpu-system/leases"
+    text, policy = generated(logged(("create", leases, lease), ("create", SLICES, slice_body())))
+    assert "encodings" not in entries(text, "leases")["DriverNamespace"]
+    assert policy.kinds["coordination.k8s.io", "leases"].encodings == {"json", "protobuf"}
+    assert entries(text, "resourceslices")["NodeLocal"]["encodings"] == ["json", "protobuf", "cbor"]
 
 
 def test_a_kind_the_log_holds_no_object_of_is_named_and_its_guess_said() -> None:

@@ -35,8 +35,6 @@ class Notes:
     review: list[str] = field(default_factory=list)
     credentials: list[str] = field(default_factory=list)
     """Entries forwarded under the driver's own token (one note names them all)."""
-    encodings: list[str] = field(default_factory=list)
-    """Kinds whose protobuf and CBOR bodies are accepted because the log could not tell."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +231,7 @@ def _kind_keys(entry: _Entry, versions: dict[str, dict[str, Any]], notes: Notes)
             doc["poolSeparators"] = list(separators)
         if base and base.read_across_nodes:
             doc["readAcrossNodes"] = True
-    encodings = _encodings(entry, notes)
+    encodings = _encodings(entry)
     if encodings:
         doc["encodings"] = encodings
     return doc
@@ -266,19 +264,14 @@ def _separators(entry: _Entry, versions: dict[str, dict[str, Any]]) -> tuple[str
     return tuple(sep for sep in ("/", "-", ".") if sep in seen)
 
 
-def _encodings(entry: _Entry, notes: Notes) -> list[str]:
-    """The body encodings to accept: the base's, those the gatekeeper's log names, and for a
-    built-in kind written in the kube-apiserver's log, all (that log does not show them)."""
-    accepted = {"json"} | set(entry.base.encodings if entry.base else ())
+def _encodings(entry: _Entry) -> list[str]:
+    """The body encodings to accept, where they differ from the loader's default for the group
+    (docs/policy.md, "Request bodies"): the base's, and those the gatekeeper's log names."""
+    built_in = entry.traffic.group in BUILT_IN_GROUPS
+    default = {"json", "protobuf"} if built_in else {"json"}
+    accepted = set(entry.base.encodings) if entry.base else set(default)
     accepted |= {seen.encoding for seen in entry.requests if seen.encoding}
-    unknown = entry.traffic.group in BUILT_IN_GROUPS and any(
-        seen.record.source == "apiserver" and seen.info.verb in ("create", "update")
-        for seen in entry.requests
-    )
-    if unknown and not set(ENCODINGS) <= accepted:
-        accepted |= set(ENCODINGS)
-        notes.encodings.append(entry.traffic.qualified)
-    return [name for name in ENCODINGS if name in accepted] if accepted != {"json"} else []
+    return [name for name in ENCODINGS if name in accepted] if accepted != default else []
 
 
 def _version_list(versions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -34,11 +34,6 @@ _CREDENTIALS = (
     "token to forward: over a Unix socket or a client certificate these requests are refused. "
     "`dra-gatekeeper policy rbac --policy <this file>` prints what each ServiceAccount needs."
 )
-_ENCODINGS = (
-    "encodings: protobuf and CBOR bodies are accepted for {kinds}: the kube-apiserver's log "
-    "does not show how a body was encoded (client-go sends protobuf for built-in kinds when "
-    "configured to); drop them if the driver sends JSON."
-)
 
 
 def generate_policy(records: Iterable[Record], base: Policy, *, source: str = "") -> str:
@@ -139,8 +134,6 @@ def _header(source: str, notes: Notes, loads: bool) -> str:
     reviews = list(notes.review)
     if notes.credentials:
         reviews.append(_CREDENTIALS.format(kinds=", ".join(notes.credentials)))
-    if notes.encodings:
-        reviews.append(_ENCODINGS.format(kinds=", ".join(notes.encodings)))
     for note in reviews:
         lines += textwrap.wrap(
             note,
