@@ -124,7 +124,7 @@ def assign(traffic: Traffic, base: KindSpec | None, facts: Facts) -> Assignment:
         if listed is not None:
             assignment.rules.setdefault(listed.rule, []).extend(requests)
             continue
-        fits = [candidates(seen, facts, traffic.namespaced) for seen in requests]
+        fits = [_candidates(seen, facts, traffic.namespaced) for seen in requests]
         best = max(order, key=lambda rule: (sum(rule in fit for fit in fits), -order.index(rule)))
         fitting = [seen for seen, fit in zip(requests, fits, strict=True) if best in fit]
         rest = [seen for seen, fit in zip(requests, fits, strict=True) if best not in fit]
@@ -137,7 +137,7 @@ def assign(traffic: Traffic, base: KindSpec | None, facts: Facts) -> Assignment:
     return assignment
 
 
-def candidates(seen: Observed, facts: Facts, namespaced: bool) -> set[KindRule]:
+def _candidates(seen: Observed, facts: Facts, namespaced: bool) -> set[KindRule]:
     """The rules that would decide ``seen`` as the log shows it was meant."""
     info, caller = seen.info, seen.caller
     version, verb = info.api_version, info.verb
