@@ -275,3 +275,18 @@ def test_a_kind_the_log_holds_no_object_of_is_named_and_its_guess_said() -> None
     leases = policy.kind_for("coordination.k8s.io", "leases")
     assert leases is not None and leases.kind == "Lease"
     assert "kind Lease is guessed from the resource name" in notes(text)
+
+
+def test_requests_of_a_verb_that_fit_no_rule_the_others_fit_are_named() -> None:
+    """On a socket (no token to forward), a list of every pod fits no rule: the pinned lists
+    still get theirs, and the header names the one left out."""
+    records = [record("list", f"{PODS}?{ON_NODE}"), record("list", f"{PODS}?{ON_NODE}"),
+               record("list", PODS)]  # fmt: skip
+    text, _ = generated(records)
+    assert {rule: entry["verbs"] for rule, entry in entries(text, "pods").items()} == {
+        "OnNode": ["list"]
+    }
+    assert (
+        f"# NOT ALLOWED: pods v1 list (1 requests seen, e.g. {PODS}): they fit no rule that the "
+        "other list requests fit (rule OnNode)"
+    ) in notes(text)

@@ -125,7 +125,7 @@ def assign(traffic: Traffic, base: KindSpec | None, facts: Facts) -> Assignment:
             assignment.rules.setdefault(listed.rule, []).extend(requests)
             continue
         fits = [_candidates(seen, facts, traffic.namespaced) for seen in requests]
-        best = max(order, key=lambda rule: (sum(rule in fit for fit in fits), -order.index(rule)))
+        best = max(order, key=lambda rule: (_fitting(rule, requests, fits), -order.index(rule)))
         fitting = [seen for seen, fit in zip(requests, fits, strict=True) if best in fit]
         rest = [seen for seen, fit in zip(requests, fits, strict=True) if best not in fit]
         if fitting:
@@ -135,6 +135,11 @@ def assign(traffic: Traffic, base: KindSpec | None, facts: Facts) -> Assignment:
         if rest:
             assignment.unfit.append(_unfit(traffic, rest, fitted))
     return assignment
+
+
+def _fitting(rule: KindRule, requests: list[Observed], fits: list[set[KindRule]]) -> int:
+    """How many of the logged requests ``rule`` fits."""
+    return sum(seen.count for seen, fit in zip(requests, fits, strict=True) if rule in fit)
 
 
 def _candidates(seen: Observed, facts: Facts, namespaced: bool) -> set[KindRule]:
