@@ -21,8 +21,9 @@ from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
 from gatekeeper.listen.listeners import resolve_group
 from gatekeeper.listen.tls import ServerTLS, TLSFiles
 from gatekeeper.names import is_dns_subdomain, is_driver_name
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER
+from gatekeeper.policyfile import load_policy
 from gatekeeper.upstream.kubeconfig import (
     TokenSource,
     UpstreamConfig,

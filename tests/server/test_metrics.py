@@ -9,8 +9,8 @@ import pytest
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import NullSink
-from gatekeeper.policy import load_policy
 from gatekeeper.policy.claims import CONTINUE_REFUSED
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.metrics import MeteredSink, Metrics
 from gatekeeper.server.rules import RULES, rule_of
 from gatekeeper.testing.harness import (

@@ -28,9 +28,10 @@ from gatekeeper.policy import (
     Scope,
     VersionSpec,
 )
-from gatekeeper.policy.loader import ALLOCATION_KEYS, API_VERSION
+from gatekeeper.policy.build import ALLOCATION_KEYS
 from gatekeeper.policy.model import POOL_SEPARATORS, STRICT_POOL_SEPARATORS, AllocationPaths
 from gatekeeper.policy.ownership import pool_name_ok
+from gatekeeper.policyfile import API_VERSION
 from gatekeeper.request.requestinfo import RequestInfo, parse_request
 
 __all__ = ["generate_policy"]
