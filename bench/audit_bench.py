@@ -34,7 +34,7 @@ from gatekeeper.audit.tools.generate import generate_policy
 from gatekeeper.audit.tools.reader import ReadStats, iter_events, iter_records
 from gatekeeper.audit.tools.summarize import summarize
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.upstream.kubeconfig import UpstreamConfig

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r.policy:48} {r.cases:5} {'yes' if r.cel else 'no':>4} {r.median_us:8.1f} "
               f"{r.p95_us:8.1f} {r.max_us:8.1f}  ({r.worst_case})")  # fmt: skip
     over = [r for r in results if r.median_us > TARGET_US]
-    load = "from gatekeeper.policy import load_policy\n"
+    load = "from gatekeeper.policyfile import load_policy\n"
     without = _rss_mb(load + "load_policy(None)")
     with_cel = _rss_mb(load + f"load_policy({str(ROOT / 'tests/policy/rules/rules.yaml')!r})")
     print(f"RSS after loading a policy: without CEL {without:.1f} MB, with CEL {with_cel:.1f} MB "

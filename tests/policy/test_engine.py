@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Decision, Engine, Policy, load_policy
+from gatekeeper.policy import Decision, Engine, Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
@@ -557,7 +558,7 @@ def test_core_openapi_document_follows_the_policy() -> None:
 def test_inject_mode_adds_missing_terms() -> None:
     policy_text = (Path(__file__).parents[2] / "gatekeeper/policies/default.yaml").read_text()
     policy_text = policy_text.replace("listSelector: Require", "listSelector: Inject")
-    from gatekeeper.policy import parse_policy
+    from gatekeeper.policyfile import parse_policy
 
     engine = Engine(parse_policy(policy_text).with_drivers(frozenset({GPU.driver})), NODE)
     decision = decide_offline(

@@ -9,8 +9,9 @@ import pytest
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
+from gatekeeper.policy import Engine, KindRule
 from gatekeeper.policy.model import Field
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
@@ -99,18 +100,24 @@ def test_apiserver_immutable_must_cover_every_located_field_to_count() -> None:
             + SLICE.replace(", pool: spec.pool.name", "") % ", apiserverImmutable: [pool]",
             "kinds[0].versions[0].apiserverImmutable: names pool, which has no path here",
         ),
-        (nodes(scope="Namespaced"), "kinds[1].scope: rule OwnNode names a cluster-scoped object"),
-        (nodes(extra="    verbs: [get, list]\n"), "kinds[1].verbs: rule OwnNode allows only get"),
+        (nodes(scope="Namespaced"), "kinds[1].scope: must be Cluster (rule OwnNode)"),
+        (
+            nodes(extra="    verbs: [get, list]\n"),
+            "kinds[1].verbs[1]: 'list' is not one of get, update, patch (rule OwnNode)",
+        ),
         (
             nodes(extra="    verbs: [get]\n    subresources: [status]\n"),
-            "kinds[1].subresources: rule OwnNode allows no subresources",
+            "kinds[1].subresources: must be empty (rule OwnNode)",
         ),
         (
             nodes(extra="    verbs: [get]\n    fill: [node]\n"),
-            "kinds[1].fill: is not used by rule OwnNode",
+            "kinds[1].fill: is not allowed (rule OwnNode)",
         ),
         (nodes(version=", driver: spec.driver"), "kinds[1].versions[0].driver: unknown key"),
-        (HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]', "versions[0].opaque[0]: bad"),
+        (
+            HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]',
+            "versions[0].opaque[0]: 'status.devices[0].data' is not a field path",
+        ),
         (HEAD + "kinds:\n" + CLAIM % "status.devices.data", "versions[0].opaque: must be a list"),
     ],
     ids=[
@@ -136,7 +143,7 @@ def test_bad_policy_data_is_refused_at_load(text: str, message: str) -> None:
     ("times", "message"),
     [
         ("[status.devices.data.at]", "times[0]: status.devices.data.at is under opaque"),
-        ('["status.devices[0].at"]', "versions[0].times[0]: bad"),
+        ('["status.devices[0].at"]', "times[0]: 'status.devices[0].at' is not a field path"),
         ("status.devices.at", "versions[0].times: must be a list"),
     ],
     ids=["under-opaque", "bad-path", "not-a-list"],

@@ -7,7 +7,8 @@ from typing import Any
 import yaml
 
 from gatekeeper.audit.tools.generate import generate_policy
-from gatekeeper.policy import Engine, KindRule, ListSelectorMode, load_policy, parse_policy
+from gatekeeper.policy import Engine, KindRule, ListSelectorMode
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE, PINNED, SLICES, decide_offline, slice_body
 from gatekeeper.types import Identity

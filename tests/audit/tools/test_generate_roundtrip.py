@@ -31,8 +31,9 @@ from gatekeeper.audit import AuditLevel
 from gatekeeper.audit.tools.cli import run_audit_command
 from gatekeeper.audit.tools.reader import DRIVERS_GROUP
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import KindRule, KindSpec, Policy, Scope, load_policy
+from gatekeeper.policy import KindRule, KindSpec, Policy, Scope
 from gatekeeper.policy.model import Field
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import AuditSettings
 from gatekeeper.testing.harness import (
     GPU,

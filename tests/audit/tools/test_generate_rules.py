@@ -14,7 +14,8 @@ import yaml
 from gatekeeper.audit.tools.generate import generate_policy
 from gatekeeper.audit.tools.reader import Record, to_record
 from gatekeeper.listenerkind import ListenerKind
-from gatekeeper.policy import Engine, KindRule, ListSelectorMode, Policy, load_policy, parse_policy
+from gatekeeper.policy import Engine, KindRule, ListSelectorMode, Policy
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NODE, SLICES, decide_offline, slice_body
 from gatekeeper.types import Identity

@@ -8,8 +8,8 @@ import re
 from typing import Any
 
 from gatekeeper.policy import Field, KindRule, VersionSpec
+from gatekeeper.policy.build import ALLOCATION_KEYS
 from gatekeeper.policy.cel import CelRules, StatusReason
-from gatekeeper.policy.loader import ALLOCATION_KEYS
 from gatekeeper.policy.model import AllocationPaths, Changeable
 
 __all__ = ["cel_doc", "may_change_entries", "version_doc"]

@@ -22,7 +22,7 @@ from gatekeeper.audit.tools.generate._observe import Observation, Traffic, obser
 from gatekeeper.audit.tools.generate._rules import Facts, assign
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.policy import KindRule, KindSpec, Policy
-from gatekeeper.policy.loader import API_VERSION
+from gatekeeper.policyfile import API_VERSION
 
 __all__ = ["generate_policy"]
 
