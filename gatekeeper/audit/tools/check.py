@@ -15,7 +15,14 @@ from typing import Any
 
 from gatekeeper.audit.event import VALIDATION_ANNOTATION
 from gatekeeper.audit.tools.reader import Record
-from gatekeeper.audit.tools.replay import BASES, ObjectMemory, method_of, patch_type
+from gatekeeper.audit.tools.replay import (
+    BASES,
+    BODY_VERBS,
+    ObjectMemory,
+    method_of,
+    patch_type,
+    worst,
+)
 from gatekeeper.errors import Refusal
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision, Engine, KindRule, Policy
@@ -110,7 +117,7 @@ def check_records(
             engine = engines[key] = Engine(allowed, node)
         if record.impersonated:
             # SECURITY: DESIGN §4.5 — the gatekeeper refuses Impersonate-* headers.
-            decision, basis = _IMPERSONATION, "full"
+            decision, basis = _IMPERSONATION, "request"
         else:
             decision, basis = _decide(engine, memory, record, record.driver, node)
         after = "allow" if decision.allowed else "forbid"
@@ -167,20 +174,22 @@ def _decide(
     try:
         info = parse_request(method_of(record.verb), record.request_uri)
     except Refusal as refusal:
-        return deny(refusal.code, refusal.reason, refusal.message), "full"
+        return deny(refusal.code, refusal.reason, refusal.message), "request"
     media_type = _JSON
     if info.verb == "patch":
         media_type = patch_type(record, record.request_object, info)
-    basis = ["full"]
+    # A request the engine settles on what it names reads nothing from the log: "request".
+    basis = ["request"]
 
     def body() -> tuple[str, Any]:
         inputs = memory.inputs(record, info, None, driver, node)
-        basis[0] = inputs.basis
+        if info.verb in BODY_VERBS:
+            basis[0] = worst(basis[0], inputs.basis)
         return media_type, inputs.body
 
     def fetch(path: str) -> KubeObject | None:
         inputs = memory.inputs(record, info, path, driver, node)
-        basis[0] = inputs.basis
+        basis[0] = worst(basis[0], inputs.basis)
         return inputs.current
 
     def preview(asked: Preview) -> Preview:

@@ -1,10 +1,10 @@
 """``dra-gatekeeper audit summarize|check|generate``: offline tools over audit logs.
 
 Exit codes: 0 done; 1 ``check`` found a request allowed before that the policy now refuses;
-2 bad input (flags, unreadable log or policy, a ``generate`` input without audit events), with
-one line on stderr; 3 ``check`` could re-decide no request at all (every one skipped, or an
-empty log), unless ``--allow-empty``, or ``generate`` found no traffic a policy can allow
-(nothing is written).
+2 bad input (flags, unreadable log or policy, an input with lines but no audit event: not an
+audit log, the same for every subcommand), with one line on stderr; 3 ``check`` could
+re-decide no request at all (every one skipped, or an empty log), unless ``--allow-empty``,
+or ``generate`` found no traffic a policy can allow (nothing is written).
 """
 
 from __future__ import annotations
@@ -119,12 +119,25 @@ def _fail(message: str) -> int:
 def _summarize(logs: list[str], users: dict[str, str], output: str) -> int:
     stats = ReadStats()
     summary = summarize(iter_events(logs, stats), users)
+    _audit_log_or_fail(", ".join(logs), stats)
     if output == "json":
         json.dump(summary_json(summary, stats), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_table(summary, stats))
     return 0
+
+
+def _audit_log_or_fail(source: str, stats: ReadStats) -> None:
+    """ConfigError (exit 2) for input with lines but no audit event: not an audit log. An empty
+    input is a log of no requests, for each subcommand to judge."""
+    if stats.events or not stats.lines:
+        return
+    where = f" (first at {stats.first_malformed})" if stats.first_malformed else ""
+    raise ConfigError(
+        f"{source}: no audit.k8s.io/v1 events in {stats.lines} lines, "
+        f"{stats.malformed} not events{where}: not an audit log"
+    )
 
 
 def _notes(text: str) -> str:
@@ -145,7 +158,9 @@ def _check(ns: argparse.Namespace, users: dict[str, str]) -> int:
     # As serve --driver: the named drivers, and those --driver-user maps users to, are
     # allowed on the node in addition to the policy's list.
     policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver) | frozenset(users.values()))
-    report = check_records(_records(ns.logs, users, ns.node_name), policy)
+    stats = ReadStats()
+    report = check_records(_records(ns.logs, users, ns.node_name, stats), policy)
+    _audit_log_or_fail(", ".join(ns.logs), stats)
     sys.stdout.write(format_report(report))
     if report.newly_refused:
         return 1
@@ -164,12 +179,7 @@ def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:
     source = ", ".join(ns.logs)
     stats = ReadStats()
     text = generate_policy(_records(ns.logs, users, ns.node_name, stats), base, source=source)
-    if not stats.events:
-        where = f" (first at {stats.first_malformed})" if stats.first_malformed else ""
-        raise ConfigError(
-            f"{source}: no audit.k8s.io/v1 events in {stats.lines} lines, "
-            f"{stats.malformed} not events{where}: not an audit log"
-        )
+    _audit_log_or_fail(source, stats)
     try:
         parse_policy(text, "the generated policy")
     except ConfigError as exc:

@@ -3,6 +3,8 @@
 The log never holds everything the proxy had. What is missing is reconstructed, and every
 request says on what ``basis`` it was decided:
 
+- ``request``: on the request alone: it needed no body and no stored object (a list, or a
+  refusal of what the request names before either mattered);
 - ``full``: the log had all the inputs (request body, and the stored object exactly: a get's own
   response, or the response of an earlier write of that object at RequestResponse level);
 - ``reconstructed``: the stored object is rebuilt from an earlier request body in the log;
@@ -26,9 +28,10 @@ from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import POD_UID_EXTRA, KubeObject
 
-__all__ = ["BASES", "Inputs", "ObjectMemory", "method_of", "patch_type"]
+__all__ = ["BASES", "BODY_VERBS", "Inputs", "ObjectMemory", "method_of", "patch_type", "worst"]
 
-BASES = ("full", "reconstructed", "metadata")
+BASES = ("request", "full", "reconstructed", "metadata")
+"""From the most exact to the least: a request is decided on the worst basis of its inputs."""
 _VERB_METHODS = {
     "get": "GET",
     "list": "GET",
@@ -39,7 +42,8 @@ _VERB_METHODS = {
     "delete": "DELETE",
     "deletecollection": "DELETE",
 }
-_BODY_VERBS = frozenset({"create", "update", "patch"})
+BODY_VERBS = frozenset({"create", "update", "patch"})
+"""Verbs whose decision depends on a request body."""
 _NAME = ("metadata", "name")
 
 
@@ -98,7 +102,7 @@ class ObjectMemory:
         body = record.request_object
         basis = "full"
         pod_uid = _pod_uid(record)
-        if info.verb in _BODY_VERBS and body is None:
+        if info.verb in BODY_VERBS and body is None:
             body, basis = self._assumed_body(record, info, driver, node, pod_uid), "metadata"
         media_type = patch_type(record, body, info) if info.verb == "patch" else "application/json"
         current: KubeObject | None = None
@@ -108,7 +112,7 @@ class ObjectMemory:
                 current, known = self._owned(info, driver, node, pod_uid), "metadata"
             if current is not None:
                 current = _aligned(current, body)
-            basis = _worst(basis, known)
+            basis = worst(basis, known)
         proposed = None
         if info.verb == "patch" and record.code < 300 and _is_object(record.response_object):
             proposed = record.response_object
@@ -241,5 +245,6 @@ def _name_of(obj: Any) -> str:
     return ""
 
 
-def _worst(first: str, second: str) -> str:
+def worst(first: str, second: str) -> str:
+    """The less exact of two bases."""
     return BASES[max(BASES.index(first), BASES.index(second))]

@@ -288,3 +288,17 @@ def test_generate_keeps_own_node_apiserver_immutable_and_pool_separators(
     assert {f.value for f in immutable} == {"driver", "node", "pool"}
     code, out, _ = run(capsys, "check", "--policy", str(out_path), *users, str(log))
     assert code == 0 and "0 changed" in out, out
+
+
+@pytest.mark.parametrize("command", ["summarize", "check", "generate"])
+def test_a_file_that_is_not_an_audit_log_is_one_error_for_every_subcommand(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same exit code and message whichever subcommand reads it (it used to be an empty
+    table, exit 3, and exit 2)."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\n")
+    assert run_audit_command([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: no audit.k8s.io/v1 events in 2 lines, 2 not events" in err
+    assert err.rstrip().endswith("not an audit log")
