@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from gatekeeper.apiserver import TOKEN_KINDS, APIServer, resource_slice
+from gatekeeper.audit import AuditLevel
 from gatekeeper.cli.certs import (
     IssuedCert,
     create_ca,
@@ -68,7 +69,14 @@ def _parser() -> argparse.ArgumentParser:
         "--dir",
         type=Path,
         help="write certificates, kubeconfig, sockets and audit log here (kept on exit; "
-        "default: a temporary directory, removed on exit)",
+        "default: a temporary directory, removed on exit, and the audit log beside it, kept)",
+    )
+    parser.add_argument(
+        "--audit-level",
+        choices=[level.value for level in AuditLevel],
+        default=AuditLevel.REQUEST_RESPONSE.value,
+        help="what the audit log records of each request (default: RequestResponse, so that "
+        "`dra-gatekeeper audit check` can re-decide writes on their bodies and objects)",
     )
     parser.add_argument(
         "--port",
@@ -109,12 +117,15 @@ def run_demo_command(args: Sequence[str]) -> int:
     # Absolute: the kubeconfig names its certificate files, and a relative path there is read
     # relative to the kubeconfig's own directory, not to where the demo was started.
     workdir: Path = (ns.dir or Path(tempfile.mkdtemp(prefix="dra-gatekeeper-demo-"))).absolute()
+    # The audit log outlives a temporary directory: it is what `audit` reads afterwards.
+    audit = workdir / "audit.log" if keep else Path(f"{workdir}-audit.log")
+    settings = AuditSettings(path=str(audit), level=AuditLevel(ns.audit_level))
     try:
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         asyncio.run(
             _upstream_only(workdir, ns.port)
             if ns.upstream_only
-            else _demo(workdir, ns.port, keep=keep, every=ns.change_every)
+            else _demo(workdir, ns.port, settings, keep=keep, every=ns.change_every)
         )
     except ConfigError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
@@ -125,7 +136,8 @@ def run_demo_command(args: Sequence[str]) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"demo stopped; {'kept' if keep else 'removed'} {workdir}", flush=True)
+    kept = "" if keep or ns.upstream_only else f"; the audit log is kept: {audit}"
+    print(f"demo stopped; {'kept' if keep else 'removed'} {workdir}{kept}", flush=True)
     return 0
 
 
@@ -186,7 +198,9 @@ def _shown(path: str) -> str:
         return str(absolute)
 
 
-async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
+async def _demo(
+    workdir: Path, port: int, audit: AuditSettings, *, keep: bool, every: float
+) -> None:
     policy = load_policy(None).with_drivers(frozenset({DEMO_DRIVER}))
     account = f"system:serviceaccount:{_DEMO_SA['namespace']}:{_DEMO_SA['name']}"
     policy = replace(policy, service_accounts={account: DEMO_DRIVER})
@@ -195,11 +209,11 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
     url = await api.start()
     tasks: list[asyncio.Task[None]] = []
     try:
-        server = GatekeeperServer(_demo_config(workdir, port, policy, api, url, files))
+        server = GatekeeperServer(_demo_config(workdir, port, policy, api, url, files, audit))
 
         async def start() -> None:
             await server.start()
-            _print_how_to_connect(workdir, server, api, files, keep=keep, every=every)
+            _print_how_to_connect(workdir, server, api, files, audit, keep=keep, every=every)
             if every > 0:
                 tasks.append(asyncio.ensure_future(_change_periodically(api, every)))
 
@@ -211,7 +225,13 @@ async def _demo(workdir: Path, port: int, *, keep: bool, every: float) -> None:
 
 
 def _demo_config(
-    workdir: Path, port: int, policy: Policy, api: APIServer, url: str, files: dict[str, str]
+    workdir: Path,
+    port: int,
+    policy: Policy,
+    api: APIServer,
+    url: str,
+    files: dict[str, str],
+    audit: AuditSettings,
 ) -> ServeConfig:
     """The demo's gatekeeper: every listener, in front of the embedded API server."""
     return ServeConfig(
@@ -224,7 +244,7 @@ def _demo_config(
         listen_tls=server_ssl_context(files["server.crt"], files["server.key"], files["ca.crt"]),
         listen_token=("127.0.0.1", 0),
         token_tls=token_ssl_context(files["server.crt"], files["server.key"]),
-        audit=AuditSettings(path=str(workdir / "audit.log")),
+        audit=audit,
         shutdown_grace=5.0,
     )
 
@@ -234,6 +254,7 @@ def _print_how_to_connect(
     server: GatekeeperServer,
     api: APIServer,
     files: dict[str, str],
+    audit: AuditSettings,
     *,
     keep: bool,
     every: float,
@@ -255,7 +276,7 @@ def _print_how_to_connect(
         {"certificate-authority": files["ca.crt"]},
         {"tokenFile": str(token)},
     )
-    _print_instructions(workdir, kubeconfig, keep=keep, every=every)
+    _print_instructions(workdir, kubeconfig, audit, keep=keep, every=every)
     _print_token_instructions(workdir, token_kubeconfig, server.token_port)
 
 
@@ -358,7 +379,9 @@ def _write_kubeconfig(
     return path
 
 
-def _print_instructions(workdir: Path, kubeconfig: Path, *, keep: bool, every: float) -> None:
+def _print_instructions(
+    workdir: Path, kubeconfig: Path, audit: AuditSettings, *, keep: bool, every: float
+) -> None:
     sock = socket_path(workdir / "sockets", DEMO_DRIVER)
     changes = (
         f"Every {every:g} s until stopped, the demo adds or removes the slice "
@@ -368,6 +391,7 @@ def _print_instructions(workdir: Path, kubeconfig: Path, *, keep: bool, every: f
     )
     watching = f"# changes every {every:g} s" if every > 0 else "# the driver's slices, live"
     cleanup = "" if keep else f" and removes {workdir}"
+    level = audit.level.value
     print(
         f"""
 dra-gatekeeper demo is running: node "{DEMO_NODE}", driver "{DEMO_DRIVER}".
@@ -383,7 +407,12 @@ Try, in another shell:
   kubectl get secrets                                         # refused: not a DRA kind
   curl --unix-socket {sock} \\
     'http://localhost/apis/resource.k8s.io/v1/resourceslices?fieldSelector={_SELECTOR}'
-  tail -f {workdir / "audit.log"}                             # one audit event per request
+  tail -f {audit.path}                             # one audit event per request
+  {command_name()} audit summarize {audit.path}      # after a few requests
+  {command_name()} audit check {audit.path}          # re-decided under the policy
+
+The audit log records each request at level {level}, and is kept when the demo stops:
+  {audit.path}
 
 {changes}Ctrl-C stops everything{cleanup}.""",
         flush=True,

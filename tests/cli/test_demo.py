@@ -21,17 +21,44 @@ REPO = REPO
 
 
 @pytest.mark.kubectl
-async def test_demo_serves_kubectl_and_cleans_up(tmp_path: Path) -> None:
+async def test_demo_serves_kubectl_and_cleans_up_but_keeps_its_audit_log(tmp_path: Path) -> None:
+    """The temporary directory goes, the audit log stays (the banner and the last line say
+    where), recorded with bodies: `audit check` re-decides the demo's writes on them."""
     process, lines = await _start_demo()
     try:
         kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
         workdir = Path(kubeconfig).parent
-        assert (workdir / "audit.log").exists()
+        audit = Path(f"{workdir}-audit.log")
+        assert audit.exists()
+        assert any("level RequestResponse" in line for line in lines)
+        assert any(line.strip() == str(audit) for line in lines)
+        env = {**os.environ, "KUBECONFIG": kubeconfig}
+        body = json.dumps(resource_slice("demo-node-x", driver=GPU, node="demo-node",
+                                         pool="demo-node/x"))  # fmt: skip
+        create = await asyncio.create_subprocess_exec(
+            str(KUBECTL), "create", "-f", "-", stdin=asyncio.subprocess.PIPE, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await create.communicate(body.encode())
+        assert create.returncode == 0
     finally:
         await _stop(process)
+        assert process.stdout is not None
+        last = (await process.stdout.read()).decode()
     assert process.returncode == 0
-    assert not workdir.exists()
+    assert not workdir.exists() and audit.exists()
+    assert f"the audit log is kept: {audit}" in last
     assert os.path.basename(kubeconfig) == "gpu.example.com.kubeconfig"
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    (created,) = [e for e in events if e["verb"] == "create"]
+    assert created["level"] == "RequestResponse" and created["requestObject"]["spec"]
+    checked = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gatekeeper", "audit", "check", str(audit),
+        stdout=asyncio.subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    out, _ = await checked.communicate()
+    assert checked.returncode == 0 and " 0 changed" in out.decode()
+    audit.unlink()
 
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "dra-gatekeeper"
