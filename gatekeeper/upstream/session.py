@@ -293,6 +293,7 @@ class UpstreamSession:
                 data=body,
                 allow_redirects=False,
                 timeout=self._timeouts[long_running],
+                server_hostname=self.config.tls_server_name,
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _mapped(exc) from exc
