@@ -36,6 +36,7 @@ from gatekeeper.policy import Decision
 from gatekeeper.proxy.deciding import Connection
 from gatekeeper.proxy.pipeline import Handler, build_handler
 from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.rule import Rule
 from gatekeeper.status import status_body
 from gatekeeper.upstream.reviewbudget import ReviewCaller, source_key
 
@@ -119,7 +120,9 @@ class _GuardedHandler(RequestHandler, Connection):
         """Answer 429 before reading anything, audit it, and close after a moment."""
         flow = self.guard.flow("", caller)
         text = f"too many connections: {why}"
-        flow.decision = Decision(False, "too many connections", 429, text, retry_after=1)
+        flow.decision = Decision(
+            False, "too many connections", 429, text, retry_after=1, rule=Rule.RATE_LIMITED
+        )
         flow.finish(429, text)
         self.guard.audit(flow)
         body = json.dumps(status_body(429, text, details={"retryAfterSeconds": 1})).encode()
@@ -204,7 +207,7 @@ class _GuardedHandler(RequestHandler, Connection):
         flow = self.guard.flow(request.method, self._caller or "")
         text = f"malformed HTTP request: {reason}" if status < 500 else "internal error"
         if status < 500:
-            flow.decision = Decision(False, text, status, text)
+            flow.decision = Decision(False, text, status, text, rule=Rule.MALFORMED_HTTP)
         flow.finish(status, text)
         body = status_body(status, text)
         self.guard.audit(flow)

@@ -183,7 +183,7 @@ class ServerTLS:
         return certificate_expiry(self.files.cert_file)
 
     def _choose(
-        self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _old: ssl.SSLContext
     ) -> None:
         connection.context = self._current
 

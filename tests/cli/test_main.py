@@ -21,7 +21,6 @@ from gatekeeper.testing.harness import (
     run_process,
     token_kubeconfig,
 )
-from tests.paths import REPO
 
 
 @pytest.mark.parametrize(

@@ -69,12 +69,14 @@ async def _open(
 async def test_one_driver_cannot_hold_every_connection(
     guarded: tuple[Running, RecordingSink],
 ) -> None:
-    running, _ = guarded
+    running, sink = guarded
     held = await _open(running, GPU, 8, b"GET /version HTTP/1.1\r\nHo")
     try:
         refused = await send_raw(running.socket_path(GPU), build_request("GET", "/version"))
         assert refused.status == 429 and refused.headers["retry-after"] == "1"
         assert "too many connections" in refused.json()["message"]
+        (event,) = sink.by_id(refused.headers["audit-id"])
+        assert event["annotations"]["dra-gatekeeper.io/rule"] == "rate-limited"
         other = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
         assert other.status == 200
     finally:
@@ -176,6 +178,7 @@ async def test_malformed_requests_are_a_status_and_an_event(
     assert status["kind"] == "Status" and "Duplicate Content-Length" in status["message"]
     (event,) = sink.by_id(answer.headers["audit-id"])
     assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
+    assert event["annotations"]["dra-gatekeeper.io/rule"] == "malformed-http"
     assert event["responseStatus"]["code"] == 400
 
 
