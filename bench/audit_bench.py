@@ -7,6 +7,8 @@
    loopback) with the audit log off and on; requests/s = audit events/s, and the difference.
 3. ``summarize`` on a generated log of ``--events`` events (default 1,000,000): seconds, events/s.
 4. ``check`` on the same log under the packaged policy: seconds, events/s.
+5. ``generate`` on the same log: seconds, events/s, and the process's peak RSS after it
+   (requests are counted by shape, not kept: it stays flat however long the log).
 ``--only summarize,check`` runs just those parts. Bounded loops, loopback only, temporary files
 removed.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import shutil
 import tempfile
 import time
@@ -27,10 +30,11 @@ import aiohttp
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel, AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.audit.tools.check import check_records
+from gatekeeper.audit.tools.generate import generate_policy
 from gatekeeper.audit.tools.reader import ReadStats, iter_events, iter_records
 from gatekeeper.audit.tools.summarize import summarize
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.server import GatekeeperServer, socket_path
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
@@ -176,6 +180,16 @@ def bench_check(path: Path, count: int) -> tuple[float, float]:
     return elapsed, count / elapsed
 
 
+def bench_generate(path: Path, count: int) -> tuple[float, float, float]:
+    """``audit generate`` of the log with the packaged default as the base; the last value is
+    the process's peak RSS in MB afterwards."""
+    start = time.perf_counter()
+    text = generate_policy(iter_records([str(path)], {}), load_policy(None))
+    elapsed = time.perf_counter() - start
+    assert "rule: NodeLocal" in text, text
+    return elapsed, count / elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
@@ -183,7 +197,9 @@ async def main() -> None:
     parser.add_argument("--writer-events", type=int, default=200_000)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument(
-        "--only", default="writer,proxy,summarize,check", help="comma-separated parts to run"
+        "--only",
+        default="writer,proxy,summarize,check,generate",
+        help="comma-separated parts to run",
     )
     args = parser.parse_args()
     parts = set(args.only.split(","))
@@ -191,7 +207,7 @@ async def main() -> None:
     try:
         if parts & {"writer", "proxy"}:
             await bench_writer_and_proxy(directory, args, parts)
-        if parts & {"summarize", "check"}:
+        if parts & {"summarize", "check", "generate"}:
             log = directory / "summarize.log"
             write_log(log, args.events)
             size_mb = log.stat().st_size / 1e6
@@ -200,6 +216,12 @@ async def main() -> None:
             print(
                 f"summarize: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
                 f"= {per_second:,.0f} events/s"
+            )
+        if "generate" in parts:
+            seconds, per_second, peak = bench_generate(log, args.events)
+            print(
+                f"generate: {args.events:,} events ({size_mb:,.0f} MB) in {seconds:.1f} s "
+                f"= {per_second:,.0f} events/s; peak RSS {peak:.0f} MB"
             )
         if "check" in parts:
             seconds, per_second = bench_check(log, args.events)

@@ -46,7 +46,7 @@ import aiohttp
 
 from gatekeeper.apiserver import APIServer, resource_slice
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import free_port, token_kubeconfig, wait_ready
 
 NODE, GPU, NIC, TOKEN = "node-a", "gpu.example.com", "nic.example.com", "bench-token"
@@ -63,8 +63,7 @@ def claim(index: int, driver: str, node: str) -> dict[str, Any]:
         for i in range(8)
     ]
     results = [
-        {"request": f"r{i}", "driver": driver, "pool": node, "device": f"dev-{i}"}
-        for i in range(8)
+        {"request": f"r{i}", "driver": driver, "pool": node, "device": f"dev-{i}"} for i in range(8)
     ]
     return {
         "apiVersion": "resource.k8s.io/v1",

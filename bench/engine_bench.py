@@ -14,8 +14,9 @@ from typing import Any
 from bench.fixtures import DRIVER, NODE, PINNED_QUERY, SLICES, item_slice, slice_body
 from gatekeeper.listen.identity import Identity
 from gatekeeper.listenerkind import ListenerKind
-from gatekeeper.policy import Engine, load_policy
+from gatekeeper.policy import Engine
 from gatekeeper.policy.decision import Decision
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 
 __all__ = ["CASES", "EngineResult", "measure_engine"]

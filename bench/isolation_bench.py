@@ -35,7 +35,7 @@ import aiohttp
 
 from gatekeeper.apiserver import APIServer, resource_slice
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import SERVE, free_port, token_kubeconfig, wait_ready
 
 NODE, GPU, NIC, TOKEN = "node-a", "gpu.example.com", "nic.example.com", "bench-token"

@@ -84,5 +84,6 @@ def main() -> None:
         return
     serve_tls(app, args.port, args.cert, args.key, client_ca=args.client_ca, loop=loop)
 
+
 if __name__ == "__main__":
     main()

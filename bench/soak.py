@@ -263,9 +263,7 @@ async def _load(soak: Soak, serve_pid: int, minutes: float) -> None:
     stop = time.monotonic() + minutes * 60
     kinds = [kind for kind, weight in _MIX for _ in range(weight)]
     watchers = [
-        asyncio.create_task(
-            _watch(soak, sessions[DRIVERS[i % 3]], DRIVERS[i % 3], i, stop)
-        )
+        asyncio.create_task(_watch(soak, sessions[DRIVERS[i % 3]], DRIVERS[i % 3], i, stop))
         for i in range(soak.watches)
     ]
     pending: set[asyncio.Task[None]] = set()

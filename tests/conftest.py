@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, settings
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import (
     GPU,
     KUBECTL,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gatekeeper.cli.rbac import render_cluster_role
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import KUBECTL
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,6 @@
 """The distribution: the wheel carries the Apache-2.0 LICENSE that pyproject names, the packaged
-default policy and the type marker; built offline from a copy of the sources."""
+default policy, the file formats' schemas and the type marker; built offline from a copy of the
+sources."""
 
 from __future__ import annotations
 
@@ -43,3 +44,6 @@ def test_the_wheel_carries_the_license(tmp_path: Path) -> None:
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata["License-File"] == "LICENSE"
     assert "gatekeeper/policies/default.yaml" in names and "gatekeeper/py.typed" in names
+    # The schemas the loaders validate with at run time (the image installs from gatekeeper/).
+    assert "gatekeeper/policyfile/policy.schema.json" in names
+    assert "gatekeeper/policyfile/policytest.schema.json" in names

@@ -33,7 +33,8 @@ from gatekeeper.cli.certs import (
 )
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import (
     AuditSettings,
     ServeConfig,

@@ -26,8 +26,9 @@ import yaml
 
 from gatekeeper.cli.admission import VAP_NAME, render_admission_policy
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER, KindRule, KindSpec
+from gatekeeper.policyfile import load_policy
 from gatekeeper.usage import UsageParser
 
 __all__ = [

@@ -1,8 +1,9 @@
-"""The policy: its model, its loader, and the pure decision engine."""
+"""The policy: its model, its pure build from a draft, and the pure decision engine (files are
+read by ``gatekeeper.policyfile``)."""
 
+from gatekeeper.policy.build import build_policy
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.engine import Engine
-from gatekeeper.policy.loader import load_policy, parse_policy
 from gatekeeper.policy.model import (
     AllocationPaths,
     Field,
@@ -25,6 +26,5 @@ __all__ = [
     "Policy",
     "Scope",
     "VersionSpec",
-    "load_policy",
-    "parse_policy",
+    "build_policy",
 ]

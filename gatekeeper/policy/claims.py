@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, is_field_name
@@ -231,13 +232,15 @@ def _first_in_list(
     return None
 
 
-# RFC 3339 date-time as Go's time.RFC3339 parses it (upper-case T and Z, any fraction).
+# RFC 3339 date-time as Go's time.RFC3339 parses it (upper-case T and Z, any fraction, ASCII
+# digits only).
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:(Z)|([+-])(\d{2}):(\d{2}))$"
+    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:(Z)|([+-])(\d{2}):(\d{2}))$",
+    re.ASCII,
 )
 # The forms the apiserver serves: metav1.Time (whole seconds) and metav1.MicroTime, in UTC.
-_CANONICAL_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-_CANONICAL_MICRO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_CANONICAL_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$", re.ASCII)
+_CANONICAL_MICRO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$", re.ASCII)
 
 
 def same_instant(stored: str, proposed: str) -> bool:
@@ -261,42 +264,38 @@ def same_instant(stored: str, proposed: str) -> bool:
 
 
 _MICROS = 1_000_000
-_DAYS_IN_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# Year 0000 is valid RFC 3339 (and Go reads it) but below datetime's range: it is read 400 years
+# on, one Gregorian cycle (146,097 days: the same calendar), and moved back.
+_CYCLE_YEARS = 400
+_CYCLE = timedelta(days=146_097)
 
 
 def _rfc3339_micros(text: str) -> int | None:
-    """Microseconds since the epoch (UTC) of an RFC 3339 date-time; None if it is not one.
+    """Microseconds since the epoch (UTC) of an RFC 3339 date-time, digits past the
+    microsecond cut; None if it is not one (no such day, hour 24, second 60, offset past 23:59).
 
-    Computed with integers rather than ``datetime`` (the engine reads no clock, STYLE rule 4).
+    Arithmetic only: the policy package reads no clock (tests/policy/test_purity.py).
     """
     match = _RFC3339.match(text)
     if match is None:
         return None
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
     fraction, zulu, sign, off_hours, off_minutes = match.groups()[6:]
-    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
-        return None
-    if not 1 <= day <= _DAYS_IN_MONTH[month - 1] + (1 if leap and month == 2 else 0):
-        return None
-    offset = 0
+    offset = timedelta(0)
     if not zulu:
         if int(off_hours) > 23 or int(off_minutes) > 59:
             return None
-        offset = (int(off_hours) * 60 + int(off_minutes)) * (-1 if sign == "-" else 1)
-    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
-    seconds -= offset * 60
-    return seconds * _MICROS + int((fraction or "").ljust(6, "0")[:6])
-
-
-def _days_from_civil(year: int, month: int, day: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
-    year -= month <= 2
-    era = year // 400
-    year_of_era = year - era * 400
-    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    return era * 146097 + day_of_era - 719468
+        offset = timedelta(hours=int(off_hours), minutes=int(off_minutes))
+        offset = -offset if sign == "-" else offset
+    shift = _CYCLE_YEARS if year == 0 else 0
+    try:
+        moment = datetime(year + shift, month, day, hour, minute, second, tzinfo=timezone(offset))
+    except ValueError:
+        return None
+    since = moment - _EPOCH - (_CYCLE if shift else timedelta(0))
+    return since // _MICROSECOND + int((fraction or "").ljust(6, "0")[:6])
 
 
 def _rest(obj: KubeObject, paths: AllocationPaths) -> KubeObject:

@@ -81,7 +81,7 @@ def conversation(
     media_type, body = read
     if isinstance(screened, Decision):
         return screened
-    plan = engine.accept(screened, media_type)
+    plan = engine.accept(screened, media_type, body)
     if isinstance(plan, Decision):
         return plan
     current: KubeObject | None = None

@@ -59,7 +59,8 @@ def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -
     refused as stale without asking)."""
     if _envelope_mismatch(plan, body):
         return None
-    if plan.info.verb == "create":
+    if plan.info.verb == "create" or plan.unread:
+        # An unread update carries its own resourceVersion: the dry run is conditional on it.
         return Preview(plan.info, body.raw, body.media_type)
     if current is None or not plan.owns(current):
         return None
@@ -88,7 +89,7 @@ def encoded_json(
     info, kind = plan.info, plan.kind
     if mismatch := _envelope_mismatch(plan, body):
         return deny(400, mismatch, rule=Rule.BAD_BODY)
-    if info.verb == "update":
+    if info.verb == "update" and not plan.unread:
         if current is None or not plan.owns(current):
             return None
         stored = stored_resource_version(current)

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.codec.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.policy.admission import CelContext
 from gatekeeper.policy.claims import CONTINUE_REFUSED, AllocationScope, request_refusal
 from gatekeeper.policy.decision import Decision, allow, deny, forbid
 from gatekeeper.policy.encoded import encoded_decision, encoded_json, unaccepted_encoding
-from gatekeeper.policy.integrity import checked_delete_options
+from gatekeeper.policy.integrity import checked_delete_options, requested_resource_version
 from gatekeeper.policy.model import (
     Credentials,
     Field,
@@ -124,11 +125,15 @@ class Engine:
             answer_from_fetch=plain_json and _answerable_get(info),
         )
 
-    def accept(self, plan: Plan, media_type: str) -> Plan | Decision:
-        """``plan`` for a body of ``media_type``; 415 when the kind does not accept it."""
+    def accept(self, plan: Plan, media_type: str, body: Any = None) -> Plan | Decision:
+        """``plan`` for ``body`` of ``media_type``; 415 when the kind does not accept it. An
+        update that needs no read of the stored object reads none (:func:`_unread_update`)."""
         if unaccepted := unaccepted_encoding(plan.kind, media_type):
             return unaccepted
-        return replace(plan, media_type=media_type)
+        plan = replace(plan, media_type=media_type)
+        if _unread_update(plan, body):
+            plan = replace(plan, fetch=None, unread=True)
+        return plan
 
     def decide(
         self,
@@ -229,15 +234,7 @@ class Engine:
             return OnNodeOwner(version.paths[Field.NODE], self.node_name)
         if rule is KindRule.OWN_NODE:
             if info.name != self.node_name:
-                # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list
-                # or watch (which would show every node), no subresource.
-                return forbid(
-                    driver,
-                    info,
-                    f'a driver may only get this node\'s own {kind.kind} "{self.node_name}" '
-                    f"({kind.qualified}/{self.node_name})",
-                    rule=Rule.OWN_OBJECT_ONLY,
-                )
+                return self._own_node_only(driver, info, kind)
             return OwnObjectOwner(version.may_change)
         if rule is KindRule.OWN_POD:
             return self._own_pod(identity, info, kind, version)
@@ -256,6 +253,19 @@ class Engine:
                 rule=Rule.NO_DRIVER_CREDENTIALS,
             )
         return NamespaceOwner()
+
+    def _own_node_only(self, driver: str, info: RequestInfo, kind: KindSpec) -> Decision:
+        # SECURITY: DESIGN §4.3 — nothing else about this kind: no other name, no list or
+        # watch (which would show every node), no subresource.
+        allowed = [v for v in ("get", "update", "patch") if v in kind.verbs]
+        verbs = " or ".join(filter(None, (", ".join(allowed[:-1]), allowed[-1])))
+        return forbid(
+            driver,
+            info,
+            f'a driver may only {verbs} this node\'s own {kind.kind} "{self.node_name}" '
+            f"({kind.qualified}/{self.node_name})",
+            rule=Rule.OWN_OBJECT_ONLY,
+        )
 
     def _own_pod(
         self, identity: Identity, info: RequestInfo, kind: KindSpec, version: VersionSpec
@@ -340,6 +350,9 @@ class Engine:
         if info.subresource and info.subresource not in kind.subresources:
             why = f'subresource "{info.subresource}" is not in the policy'
             return forbid(driver, info, why, rule=Rule.SUBRESOURCE_NOT_ALLOWED)
+        if info.verb not in kind.verbs and kind.rule is KindRule.OWN_NODE:
+            # A list, a watch, a create of nodes: what the rule allows is one object, by name.
+            return self._own_node_only(driver, info, kind)
         if info.verb not in kind.verbs:
             why = f"verb {info.verb} is not allowed on {kind.qualified}"
             return forbid(driver, info, why, rule=Rule.VERB_NOT_ALLOWED)
@@ -421,6 +434,35 @@ class Engine:
             f"(missing {format_field_selector(missing)})",
             rule=Rule.SELECTOR_REQUIRED,
         )
+
+
+def _unread_update(plan: Plan, body: Any) -> bool:
+    """Whether an update is decided on its body alone, with no read of the stored object.
+
+    SECURITY: docs/security.md "Updates without a read" — when every ownership field the kind
+    locates is one the apiserver refuses to change (the policy's ``apiserverImmutable``), a body
+    naming the caller, this node (by name) and a pool under it can only update an object that
+    names them too (another object's fields would have to change: 422), and the
+    resourceVersion it carries makes the apiserver refuse it (409) if the object changed since
+    the driver read it. A body without one still needs the read, to be pinned; CEL, which may
+    read ``oldObject``, needs it too.
+    """
+    version = plan.version
+    if (
+        plan.info.verb != "update"
+        or plan.info.subresource
+        or plan.kind.rule is not KindRule.NODE_LOCAL
+    ):
+        return False
+    if not version.owner_fields_immutable or version.cel:
+        return False
+    if isinstance(body, EncodedBody):
+        return bool(body.resource_version) and body.envelope is not None
+    if not isinstance(body, dict) or not requested_resource_version(body):
+        return False
+    # A node-owned object (no node name, a node selector) is not bound by an immutable name.
+    node = get_field(body, version.paths[Field.NODE])
+    return isinstance(node, str) and bool(node)
 
 
 _ANSWERABLE_QUERY = frozenset({"resourceVersion"})

@@ -56,6 +56,8 @@ def decide_object(
     creating = kind.rule in _CREATING
     if current is None and info.verb == "patch" and plan.media_type == APPLY and creating:
         return _apply_create(plan, body)
+    if current is None and plan.unread:
+        return _write(plan, body, None)
     if current is None:
         return not_found(info, kind.qualified)
     if problem := plan.owner.stored(current):
@@ -98,7 +100,8 @@ def _filter(plan: Plan) -> Any:
 
 
 def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
-    """A create (``current`` None) or an update of ``current`` with the object ``body``."""
+    """A create (``current`` None), or an update of ``current`` (of an object not read, for
+    ``plan.unread``) with the object ``body``."""
     info, kind, version = plan.info, plan.kind, plan.version
     if refusal := body_shape(info, kind, body):
         return refusal
@@ -107,7 +110,7 @@ def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
     name = get_field(body, ("metadata", "name")) or None
     if problem := plan.owner.written(body, current):
         return forbid(plan.driver, info, problem, name=name if isinstance(name, str) else None)
-    operation = operation_of(info.verb, current)
+    operation = "UPDATE" if plan.unread else operation_of(info.verb, current)
     if refusal := plan.context.refusal(version.cel, operation, body, current, scoped=_scoped(plan)):
         return refusal
     if current is not None:

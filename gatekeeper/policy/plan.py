@@ -95,6 +95,10 @@ class Plan:
     answer_from_fetch: bool = False
     """A plain-JSON get: answered with the object read at ``fetch``, the one the decision was
     made on."""
+    unread: bool = False
+    """An update decided without reading the stored object: its body names the caller as owner
+    in fields the apiserver refuses to change, and carries the resourceVersion it was read at
+    (docs/security.md, "Updates without a read")."""
 
     @property
     def driver(self) -> str:

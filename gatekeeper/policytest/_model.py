@@ -1,5 +1,9 @@
 """Policy test files (DESIGN §4.8): found, loaded and checked, every fault naming its line.
 
+Their shape is the schema's (``policytest.schema.json``, read by ``gatekeeper.policyfile``);
+what a schema cannot say (unique case names, a token's driver, regexes, the policy) is checked
+here.
+
 A file names a policy (relative to the file, or ``packaged:<name>``), a node, optionally its
 labels and the drivers allowed on it (as ``serve --node-label``/``--driver``), and cases. Each
 case is one request of one driver, the objects already stored, and what must happen. See README
@@ -16,10 +20,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.names import is_dns_subdomain, is_driver_name
-from gatekeeper.policy import Policy, load_policy
-from gatekeeper.policy.loader import PACKAGED
-from gatekeeper.policytest._yaml import LineDict, LineList, YamlError, load_yaml, plain
+from gatekeeper.policy import Policy
+from gatekeeper.policy.draft import KeyPath, render_path
+from gatekeeper.policyfile import (
+    PACKAGED,
+    POLICY_TEST,
+    YamlError,
+    first_fault,
+    line_at,
+    load_policy,
+    load_yaml,
+    plain,
+)
 
 __all__ = [
     "TEST_FILE_SUFFIX",
@@ -35,13 +47,6 @@ __all__ = [
 ]
 
 TEST_FILE_SUFFIX = "_test.yaml"
-_FILE_KEYS = {"policy", "node", "nodeLabels", "drivers", "cases"}
-_CASE_KEYS = {"name", "driver", "token", "request", "existing", "expect"}
-_TOKEN_KEYS = {"serviceAccount", "pod", "node"}
-_REQUEST_KEYS = {"method", "path", "query", "headers", "body"}
-_EXPECT_KEYS = {"allowed", "code", "reason", "message", "validation", "forwarded"}
-_FORWARDED_KEYS = {"method", "path", "query", "headers", "body"}
-_METHOD = re.compile(r"^[A-Z]+$")
 
 
 class MalformedTest(Exception):
@@ -168,50 +173,6 @@ def discover(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-class _Checker:
-    """Type checks naming the file, case, key and line of each fault."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.case = ""
-
-    def fail(self, line: int, key: str, message: str) -> MalformedTest:
-        return MalformedTest(self.path, line, message, case=self.case, key=key)
-
-    def mapping(self, value: Any, key: str, line: int, allowed: set[str]) -> LineDict:
-        if not isinstance(value, LineDict):
-            raise self.fail(line, key, "must be a mapping")
-        for name in value:
-            if key == "" and isinstance(name, str) and name.startswith("x-"):
-                continue  # extension keys: a place for YAML anchors, ignored
-            if name not in allowed:
-                known = ", ".join(sorted(allowed))
-                raise self.fail(
-                    value.key_line(name),
-                    f"{key}.{name}".lstrip("."),
-                    f"unknown key (known: {known})",
-                )
-        return value
-
-    def string(self, parent: LineDict, key: str, where: str, *, required: bool = True) -> str:
-        value = parent.get(key)
-        if value is None and not required:
-            return ""
-        if not isinstance(value, str) or not value:
-            raise self.fail(parent.key_line(key), where, "must be a non-empty string")
-        return value
-
-    def string_map(self, value: Any, where: str, line: int) -> dict[str, str]:
-        if not isinstance(value, LineDict):
-            raise self.fail(line, where, "must be a mapping of names to values")
-        out: dict[str, str] = {}
-        for name, item in value.items():
-            if not isinstance(name, str) or isinstance(item, dict | list) or item is None:
-                raise self.fail(value.key_line(name), f"{where}.{name}", "must be a plain value")
-            out[name] = _text(item)
-        return out
-
-
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
@@ -229,14 +190,25 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _pattern(checker: _Checker, expect: LineDict, key: str) -> re.Pattern[str] | None:
-    if key not in expect:
-        return None
-    value = checker.string(expect, key, f"expect.{key}")
-    try:
-        return re.compile(value)
-    except re.error as exc:
-        raise checker.fail(expect.key_line(key), f"expect.{key}", f"not a regex: {exc}") from exc
+def _texts(values: Mapping[str, Any] | None) -> dict[str, str] | None:
+    return None if values is None else {name: _text(value) for name, value in values.items()}
+
+
+class _File:
+    """A test file being read (valid by the schema): each fault names its line, case and key."""
+
+    def __init__(self, path: str, doc: Any) -> None:
+        self.path = path
+        self.doc = doc
+
+    def fault(self, at: KeyPath, message: str) -> MalformedTest:
+        case, key = "", render_path(at)
+        if len(at) > 2 and at[0] == "cases" and isinstance(at[1], int):
+            entry = self.doc["cases"][at[1]]
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(name, str):  # named: the key is the case's own
+                case, key = name, render_path(at[2:])
+        return MalformedTest(self.path, line_at(self.doc, at), message, case=case, key=key)
 
 
 def load_test_file(path: str) -> TestFile:
@@ -249,134 +221,84 @@ def load_test_file(path: str) -> TestFile:
         doc = load_yaml(text)
     except YamlError as exc:
         raise MalformedTest(path, exc.line, exc.message) from exc
-    check = _Checker(path)
-    if isinstance(doc, LineDict) and doc.get("kind") == "Policy":
+    file = _File(path, doc)
+    if isinstance(doc, dict) and doc.get("kind") == "Policy":
         # Given a policy where a test file was expected (``test policies/default.yaml``).
-        raise check.fail(
-            doc.key_line("kind"),
-            "kind",
+        raise file.fault(
+            ("kind",),
             "this is a policy (kind: Policy), not a test file: a test file names it with "
             "`policy: <file>` and lists `cases` (README, Policy tests; e.g. "
             "policies/default_test.yaml)",
         )
-    top = check.mapping(doc, "", 1, _FILE_KEYS)
-    for key in ("policy", "node", "cases"):
-        if key not in top:
-            raise check.fail(top.line or 1, key, "is required")
-    node = check.string(top, "node", "node")
-    if not is_dns_subdomain(node):
-        raise check.fail(top.key_line("node"), "node", f'"{node}" is not a valid node name')
-    labels = check.string_map(
-        top.get("nodeLabels", LineDict()), "nodeLabels", top.key_line("nodeLabels")
-    )
-    drivers = _drivers(check, top)
-    policy = _policy(check, top, path).with_drivers(frozenset(drivers))
-    cases = top["cases"]
-    if not isinstance(cases, LineList) or not cases:
-        raise check.fail(top.key_line("cases"), "cases", "must be a non-empty list")
-    loaded: list[TestCase] = []
+    fault = first_fault(POLICY_TEST, doc)
+    if fault is not None:
+        raise file.fault(fault.path, fault.message)
+    policy = _policy(file, doc["policy"]).with_drivers(frozenset(doc.get("drivers", ())))
+    cases: list[TestCase] = []
     names: set[str] = set()
-    for raw, line in zip(cases, cases.item_lines, strict=True):
-        case = _case(check, raw, line, policy)
+    for index, raw in enumerate(doc["cases"]):
+        case = _case(file, index, raw, policy)
         if case.name in names:
-            raise check.fail(line, "name", "is used by another case of this file")
+            raise file.fault(("cases", index, "name"), "is used by another case of this file")
         names.add(case.name)
-        loaded.append(case)
-    return TestFile(path, policy.source, policy, node, labels, tuple(loaded))
+        cases.append(case)
+    labels = _texts(doc.get("nodeLabels", {})) or {}
+    return TestFile(path, policy.source, policy, doc["node"], labels, tuple(cases))
 
 
-def _drivers(check: _Checker, top: LineDict) -> list[str]:
-    raw = top.get("drivers", [])
-    line = top.key_line("drivers")
-    if not isinstance(raw, list) or not all(isinstance(d, str) and d for d in raw):
-        raise check.fail(line, "drivers", "must be a list of driver names")
-    for driver in raw:
-        if not is_driver_name(driver):
-            raise check.fail(line, "drivers", f'"{driver}" is not a valid driver name')
-    return list(raw)
-
-
-def _policy(check: _Checker, top: LineDict, path: str) -> Policy:
-    relative = check.string(top, "policy", "policy")
+def _policy(file: _File, named: str) -> Policy:
     # A packaged policy (packaged:default) is tested where it ships, not copied beside its tests.
-    target = relative if relative.startswith(PACKAGED) else str(Path(path).parent / relative)
+    target = named if named.startswith(PACKAGED) else str(Path(file.path).parent / named)
     try:
         return load_policy(target)
     except ConfigError as exc:
-        raise check.fail(top.key_line("policy"), "policy", str(exc)) from exc
+        raise file.fault(("policy",), str(exc)) from exc
 
 
-def _case(check: _Checker, raw: Any, line: int, policy: Policy) -> TestCase:
-    check.case = raw.get("name", "") if isinstance(raw, dict) else ""
-    case = check.mapping(raw, "", line, _CASE_KEYS)
-    for key in ("name", "request", "expect"):
-        if key not in case:
-            raise check.fail(case.line, key, "is required")
-    if "driver" not in case and "token" not in case:
-        raise check.fail(case.line, "driver", "is required (or a token: {serviceAccount: ...})")
-    name = check.string(case, "name", "name")
-    token = _token(check, case["token"], case.key_line("token")) if "token" in case else None
+def _case(file: _File, index: int, raw: Mapping[str, Any], policy: Policy) -> TestCase:
+    at: KeyPath = ("cases", index)
+    token = _token(raw["token"]) if "token" in raw else None
     mapped = policy.service_accounts.get(token.user, "") if token is not None else ""
-    driver = check.string(case, "driver", "driver") if "driver" in case else mapped
-    if token is not None and "driver" in case and driver != mapped:
-        raise check.fail(
-            case.key_line("driver"),
-            "driver",
+    driver = raw.get("driver", mapped)
+    if token is not None and "driver" in raw and driver != mapped:
+        raise file.fault(
+            (*at, "driver"),
             f'is "{driver}", but the policy maps {token.namespace}/{token.name} to '
             f'"{mapped or "no driver"}": leave driver out of a token case, or name that one',
         )
-    if driver and not is_driver_name(driver):
-        raise check.fail(case.key_line("driver"), "driver", f'"{driver}" is not a driver name')
-    request = _request(check, case["request"], case.key_line("request"))
-    existing = _existing(check, case.get("existing", []), case.key_line("existing"))
-    expect = _expectation(check, case["expect"], case.key_line("expect"))
-    return TestCase(name, case.line, driver, request, existing, expect, token)
-
-
-def _token(check: _Checker, raw: Any, line: int) -> TokenSpec:
-    spec = check.mapping(raw, "token", line, _TOKEN_KEYS)
-    account = check.string(spec, "serviceAccount", "token.serviceAccount")
-    namespace, _, name = account.partition("/")
-    if not is_dns_subdomain(namespace) or not is_dns_subdomain(name):
-        raise check.fail(
-            spec.key_line("serviceAccount"),
-            "token.serviceAccount",
-            f'"{account}" is not namespace/name',
-        )
-    pod = check.string(spec, "pod", "token.pod", required=False)
-    node = check.string(spec, "node", "token.node", required=False)
-    if node and not pod:
-        raise check.fail(
-            spec.key_line("node"), "token.node", "is the node of token.pod: name the pod"
-        )
-    return TokenSpec(namespace, name, pod, node)
-
-
-def _request(check: _Checker, raw: Any, line: int) -> RequestSpec:
-    request = check.mapping(raw, "request", line, _REQUEST_KEYS)
-    method = check.string(request, "method", "request.method")
-    if not _METHOD.match(method):
-        raise check.fail(request.key_line("method"), "request.method", "must be upper case")
-    path = check.string(request, "path", "request.path")
-    if not path.startswith("/"):
-        raise check.fail(request.key_line("path"), "request.path", 'must start with "/"')
-    target = path
-    query = request.get("query")
-    if isinstance(query, str):
-        encoded = query
-    elif query is not None:
-        pairs = check.string_map(query, "request.query", request.key_line("query"))
-        encoded = "&".join(f"{_escape(k)}={_escape(v)}" for k, v in pairs.items())
-    else:
-        encoded = ""
-    if encoded:
-        target += ("&" if "?" in path else "?") + encoded
-    headers = check.string_map(
-        request.get("headers", LineDict()), "request.headers", request.key_line("headers")
+    existing = tuple(
+        (plain(obj), line_at(file.doc, (*at, "existing", position)))
+        for position, obj in enumerate(raw.get("existing", ()))
     )
+    return TestCase(
+        name=raw["name"],
+        line=line_at(file.doc, at),
+        driver=driver,
+        request=_request(raw["request"]),
+        existing=existing,
+        expect=_expectation(file, (*at, "expect"), raw["expect"]),
+        token=token,
+    )
+
+
+def _token(raw: Mapping[str, Any]) -> TokenSpec:
+    namespace, _, name = raw["serviceAccount"].partition("/")
+    return TokenSpec(namespace, name, raw.get("pod", ""), raw.get("node", ""))
+
+
+def _request(raw: Mapping[str, Any]) -> RequestSpec:
+    method, target = raw["method"], raw["path"]
+    query = raw.get("query")
+    if isinstance(query, dict):
+        encoded = "&".join(f"{_escape(k)}={_escape(_text(v))}" for k, v in query.items())
+    else:
+        encoded = query or ""
+    if encoded:
+        target += ("&" if "?" in target else "?") + encoded
+    headers = _texts(raw.get("headers", {})) or {}
     body: bytes | None = None
-    if request.get("body") is not None:
-        value = request["body"]
+    if raw.get("body") is not None:
+        value = raw["body"]
         body = value.encode() if isinstance(value, str) else json.dumps(plain(value)).encode()
         if not any(name.lower() == "content-type" for name in headers):
             headers["Content-Type"] = "application/json"
@@ -387,57 +309,36 @@ def _request(check: _Checker, raw: Any, line: int) -> RequestSpec:
     return RequestSpec(method, target, tuple(headers.items()), body)
 
 
-def _existing(check: _Checker, raw: Any, line: int) -> tuple[tuple[dict[str, Any], int], ...]:
-    if not isinstance(raw, list):
-        raise check.fail(line, "existing", "must be a list of objects")
-    lines = raw.item_lines if isinstance(raw, LineList) else [line] * len(raw)
-    out = []
-    for obj, item_line in zip(raw, lines, strict=True):
-        if not isinstance(obj, dict):
-            raise check.fail(item_line, "existing", "each entry must be an object")
-        for key in ("apiVersion", "kind"):
-            if not isinstance(obj.get(key), str):
-                raise check.fail(item_line, f"existing.{key}", "is required")
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-            raise check.fail(item_line, "existing.metadata.name", "is required")
-        out.append((plain(obj), item_line))
-    return tuple(out)
+def _pattern(
+    file: _File, at: KeyPath, expect: Mapping[str, Any], key: str
+) -> re.Pattern[str] | None:
+    if key not in expect:
+        return None
+    try:
+        return re.compile(expect[key])
+    except re.error as exc:
+        raise file.fault((*at, key), f"not a regex: {exc}") from exc
 
 
-def _expectation(check: _Checker, raw: Any, line: int) -> Expectation:
-    expect = check.mapping(raw, "expect", line, _EXPECT_KEYS)
-    allowed = expect.get("allowed")
-    if not isinstance(allowed, bool):
-        raise check.fail(expect.key_line("allowed"), "expect.allowed", "must be true or false")
-    code = expect.get("code")
-    if code is not None and (
-        not isinstance(code, int) or isinstance(code, bool) or not 100 <= code <= 599
-    ):
-        raise check.fail(expect.key_line("code"), "expect.code", "must be an HTTP status code")
-    forwarded = None
-    if expect.get("forwarded") is not None:
-        forwarded = _forwarded(check, expect["forwarded"], expect.key_line("forwarded"))
+def _expectation(file: _File, at: KeyPath, expect: Mapping[str, Any]) -> Expectation:
+    forwarded = expect.get("forwarded")
     return Expectation(
-        allowed=allowed,
-        code=code,
-        reason=_pattern(check, expect, "reason"),
-        message=_pattern(check, expect, "message"),
-        forwarded=forwarded,
+        allowed=expect["allowed"],
+        code=expect.get("code"),
+        reason=_pattern(file, at, expect, "reason"),
+        message=_pattern(file, at, expect, "message"),
+        forwarded=None if forwarded is None else _forwarded(forwarded),
         check_forwarded="forwarded" in expect,
-        validation=check.string(expect, "validation", "expect.validation", required=False) or None,
+        validation=expect.get("validation"),
     )
 
 
-def _forwarded(check: _Checker, raw: Any, line: int) -> ForwardedSpec:
-    spec = check.mapping(raw, "expect.forwarded", line, _FORWARDED_KEYS)
-    method = check.string(spec, "method", "expect.forwarded.method", required=False) or None
-    path = check.string(spec, "path", "expect.forwarded.path", required=False) or None
-    query = headers = None
-    if "query" in spec:
-        query = check.string_map(spec["query"], "expect.forwarded.query", spec.key_line("query"))
-    if "headers" in spec:
-        headers = check.string_map(
-            spec["headers"], "expect.forwarded.headers", spec.key_line("headers")
-        )
-    return ForwardedSpec(method, path, query, headers, plain(spec.get("body")), "body" in spec)
+def _forwarded(spec: Mapping[str, Any]) -> ForwardedSpec:
+    return ForwardedSpec(
+        method=spec.get("method"),
+        path=spec.get("path"),
+        query=_texts(spec.get("query")),
+        headers=_texts(spec.get("headers")),
+        body=plain(spec.get("body")),
+        has_body="body" in spec,
+    )

@@ -22,8 +22,9 @@ from gatekeeper.listen.listeners import resolve_group
 from gatekeeper.listen.tls import ServerTLS, TLSFiles
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.names import is_dns_subdomain, is_driver_name
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.flags import FlagValues, Value, limits_from, read_flags
 from gatekeeper.upstream.kubeconfig import (
     TokenSource,

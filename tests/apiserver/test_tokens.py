@@ -11,7 +11,7 @@ import pytest
 
 from gatekeeper.apiserver import ISSUER, TOKEN_KINDS, APIServer
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from tests.recorded import recording
 
 TOKEN = "admin-token"

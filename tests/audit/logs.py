@@ -55,8 +55,10 @@ def apiserver_event(
     code: int = 200,
     node: str | None = NODE,
     request_object: Any = None,
+    response_object: Any = None,
     stage: str = "ResponseComplete",
     index: int = 0,
+    level: str = "Request",
 ) -> dict[str, Any]:
     """An event as the kube-apiserver writes it for a bound service account token."""
     path = uri.split("?")[0].split("/")
@@ -80,7 +82,7 @@ def apiserver_event(
     event: dict[str, Any] = {
         "kind": "Event",
         "apiVersion": "audit.k8s.io/v1",
-        "level": "Request",
+        "level": level,
         "auditID": f"3c5e1f9a-0000-4000-8000-{index:012d}",
         "stage": stage,
         "requestURI": uri,
@@ -110,6 +112,8 @@ def apiserver_event(
         del event["objectRef"]
     if request_object is not None:
         event["requestObject"] = request_object
+    if response_object is not None:
+        event["responseObject"] = response_object
     return event
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gatekeeper.audit.tools.cli import run_audit_command
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 
 
 def claim_event(verb: str, uri: str, name: str) -> dict:

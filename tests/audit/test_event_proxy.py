@@ -17,7 +17,8 @@ import pytest
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import AuditLevel
 from gatekeeper.limits import Limits
-from gatekeeper.policy import Policy, parse_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import parse_policy
 from gatekeeper.testing.harness import (
     GPU,
     NODE,

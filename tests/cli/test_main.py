@@ -99,7 +99,10 @@ async def test_bad_configuration_exits_2_with_one_line(
 
 async def test_invalid_policy_and_kubeconfig_are_named(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
-    policy.write_text("kinds:\n  - group: x\n    resurce: y\n")
+    policy.write_text(
+        "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\nkinds:\n  - group: x\n"
+        "    resurce: y\n"
+    )
     args = ["--node-name", "n", "--driver", GPU, "--socket-dir", str(tmp_path)]
     code, err = await run_process(
         *SERVE,
@@ -109,7 +112,7 @@ async def test_invalid_policy_and_kubeconfig_are_named(tmp_path: Path) -> None:
         "--kubeconfig",
         token_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443"),
     )
-    assert code == 2 and f"{policy}: kinds[0].resurce: unknown key" in err
+    assert code == 2 and f"{policy}:5: kinds[0].resurce: unknown key" in err
     code, err = await run_process(
         *SERVE, *args, "--kubeconfig", token_kubeconfig(tmp_path / "kc2", None)
     )

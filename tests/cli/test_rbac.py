@@ -12,7 +12,7 @@ import yaml
 
 from gatekeeper.cli.main import main
 from gatekeeper.cli.rbac import cluster_role, driver_roles, namespace_roles, run_policy_command
-from gatekeeper.policy import load_policy, parse_policy
+from gatekeeper.policyfile import load_policy, parse_policy
 
 WIDGETS = """
 apiVersion: dra-gatekeeper.io/v1alpha1

@@ -17,8 +17,8 @@ import pytest
 
 from gatekeeper.errors import Refusal
 from gatekeeper.listen.identity import NODE_NAME_EXTRA, Identity, identify
-from gatekeeper.policy import load_policy
 from gatekeeper.policy.model import UnboundTokens
+from gatekeeper.policyfile import load_policy
 from gatekeeper.proxy.tokens import bearer_token, token_identity
 from gatekeeper.server.config import server_ssl_context
 from gatekeeper.testing.harness import GPU, PKI

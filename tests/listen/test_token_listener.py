@@ -21,7 +21,8 @@ from kubernetes.config.incluster_config import (
 )
 
 from gatekeeper.apiserver import APIServer
-from gatekeeper.policy import Policy, parse_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import parse_policy
 from gatekeeper.testing.harness import (
     GPU,
     NODE,

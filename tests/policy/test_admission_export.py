@@ -13,8 +13,8 @@ import yaml
 
 from gatekeeper.cli.main import main
 from gatekeeper.errors import Refusal
-from gatekeeper.policy import load_policy, parse_policy
 from gatekeeper.policy.admissioncheck import ExportedPolicy, Write
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.policytest import Harness, load_test_file
 from gatekeeper.request.requestinfo import parse_request
 

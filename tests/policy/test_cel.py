@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import Engine, parse_policy
+from gatekeeper.policy import Engine
 from gatekeeper.policy.cel import MAX_ITERATIONS, MAX_SOURCE
+from gatekeeper.policyfile import parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
 from gatekeeper.types import Identity, UserInfo
@@ -167,7 +168,8 @@ def test_request_and_user_info_of_a_token_are_the_apiservers() -> None:
 def test_an_expression_that_fails_at_run_time_refuses_and_names_itself() -> None:
     keys = "validations:\n  - name: reads-a-missing-field\n    expression: object.spec.nope == 1\n"
     refused = create(policy(kind_keys=keys), slice_v1())
-    assert (refused.allowed, refused.code, refused.validation) == (False, 403, "reads-a-missing-field")
+    assert (refused.allowed, refused.code) == (False, 403)
+    assert refused.validation == "reads-a-missing-field"
     assert "reads-a-missing-field could not be evaluated" in refused.message
     assert "a rule that cannot be evaluated refuses the request" in refused.message
 
@@ -200,35 +202,64 @@ def test_the_iteration_budget_bounds_one_evaluation() -> None:
     assert "Iteration budget exceeded" in over.message
 
 
+BAD_EXPRESSIONS = [
+    (
+        "syntax",
+        "validations:\n  - expression: 'object.spec =='\n",
+        "p.yaml:12: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: "
+        "at 1:15: Syntax error: mismatched input '<EOF>'",
+    ),
+    (
+        "type",
+        "validations:\n  - expression: \"'a' + 1\"\n",
+        "found no matching overload for '_+_' applied to '(string, int)'",
+    ),
+    (
+        "not-bool",
+        "validations:\n  - expression: \"'x'\"\n",
+        "validations[0].expression: resourceslices.resource.k8s.io: must evaluate to a bool",
+    ),
+    (
+        "unknown-variable",
+        "validations:\n  - expression: variables.nod == 'x'\n",
+        "reads variables.nod, which is not defined",
+    ),
+    (
+        "kubernetes-library",
+        "validations:\n  - expression: quantity('1Gi') > 0\n",
+        "undeclared reference to 'quantity'",
+    ),
+    ("no-expression", "validations:\n  - message: m\n", "validations[0].expression: is required"),
+    (
+        "bad-reason",
+        "validations:\n  - expression: 'true'\n    reason: Nope\n",
+        "'Nope' is not one of Forbidden",
+    ),
+    (
+        "two-line-message",
+        "validations:\n  - expression: 'true'\n    message: \"a\\nb\"\n",
+        "'a\\nb' is not one line (it is a Status message)",
+    ),
+    (
+        "shadows-built-in",
+        "variables:\n  - name: node\n    expression: '1'\n",
+        "'node' is defined already",
+    ),
+    ("bad-name", "variables:\n  - name: 1x\n    expression: '1'\n", "'1x' is not a variable name"),
+    ("empty", "validations: []\n", "p.yaml:11: kinds[0].validations: must be a non-empty list"),
+    (
+        "too-long",
+        f'validations:\n  - expression: "{"true && " * (MAX_SOURCE // 8)}true"\n',
+        "characters long (at most 5120)",
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("kind_keys", "message"),
-    [
-        (
-            "validations:\n  - expression: 'object.spec =='\n",
-            "p.yaml: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: at 1:15: "
-            "Syntax error: mismatched input '<EOF>'",
-        ),
-        (
-            "validations:\n  - expression: \"'a' + 1\"\n",
-            "found no matching overload for '_+_' applied to '(string, int)'",
-        ),
-        (
-            "validations:\n  - expression: \"'x'\"\n",
-            "validations[0].expression: resourceslices.resource.k8s.io: must evaluate to a bool",
-        ),
-        ("validations:\n  - expression: variables.nod == 'x'\n", "reads variables.nod, which is not defined"),
-        ("validations:\n  - expression: quantity('1Gi') > 0\n", "undeclared reference to 'quantity'"),
-        ("validations:\n  - message: m\n", "validations[0].expression: is required"),
-        ("validations:\n  - expression: 'true'\n    reason: Nope\n", "'Nope' is not one of Forbidden"),
-        ("validations:\n  - expression: 'true'\n    message: \"a\\nb\"\n", "must be one line"),
-        ("variables:\n  - name: node\n    expression: '1'\n", "'node' is defined already"),
-        ("variables:\n  - name: 1x\n    expression: '1'\n", "'1x' is not a valid value"),
-        ("validations: []\n", "validations: must be a non-empty list when given"),
-        (f"validations:\n  - expression: \"{'true && ' * (MAX_SOURCE // 8)}true\"\n", "characters long (at most 5120)"),
-    ],
-    ids=["syntax", "type", "not-bool", "unknown-variable", "kubernetes-library", "no-expression",
-         "bad-reason", "two-line-message", "shadows-built-in", "bad-name", "empty", "too-long"],
-)  # fmt: skip
+    [case[1:] for case in BAD_EXPRESSIONS],
+    ids=[case[0] for case in BAD_EXPRESSIONS],
+)
 def test_a_bad_expression_is_a_load_error_naming_where(kind_keys: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         policy(kind_keys=kind_keys)
@@ -238,9 +269,7 @@ def test_a_bad_expression_is_a_load_error_naming_where(kind_keys: str, message: 
 def test_a_version_level_error_names_the_versions() -> None:
     with pytest.raises(ConfigError) as caught:
         policy(version_keys="validations:\n  - expression: 'object.spec =='\n")
-    assert "p.yaml: kinds[0].versions[0].validations[0].expression: resourceslices" in str(
-        caught.value
-    )
+    assert "kinds[0].versions[0].validations[0].expression: resourceslices" in str(caught.value)
     assert "resourceslices.resource.k8s.io v1beta2, v1: at 1:15: Syntax error" in str(caught.value)
 
 
@@ -260,7 +289,7 @@ def test_deletecollection_cannot_be_allowed_with_cel() -> None:
 def test_a_policy_without_cel_never_imports_the_runtime() -> None:
     probe = (
         "import sys\n"
-        "from gatekeeper.policy import load_policy\n"
+        "from gatekeeper.policyfile import load_policy\n"
         "load_policy(None)\n"
         "print('cel_expr_python' in sys.modules)\n"
     )

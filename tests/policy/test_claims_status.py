@@ -12,9 +12,10 @@ import kubernetes
 import pytest
 
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Engine, load_policy
+from gatekeeper.policy import Engine
 from gatekeeper.policy.claims import first_difference, same_instant, status_change_violation
 from gatekeeper.policy.patching import MERGE_PATCH
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
 from tests.recorded import recording
@@ -50,6 +51,14 @@ INSTANTS = [
     ("proposed-second-60", "2026-12-02T21:14:59Z", "2026-12-02T21:14:60+00:00", False),
     ("proposed-bad-offset", "2026-12-02T21:14:02Z", "2026-12-02T21:14:02+24:00", False),
     ("not-times", "gpu-0", "gpu-0+00:00", False),
+    # Year 0000 is RFC 3339 (Go reads it); 9999 with a negative offset is in year 10000 in UTC.
+    ("year-zero", "0000-01-01T00:00:00Z", "0000-01-01T01:00:00+01:00", True),
+    ("year-zero-day-back", "0000-12-31T23:00:00Z", "0001-01-01T00:00:00+01:00", True),
+    ("year-9999-offset", "9999-12-31T23:00:00Z", "9999-12-31T22:00:00-01:00", True),
+    ("year-10000-in-utc", "9999-12-31T23:00:00Z", "9999-12-31T23:30:00-01:00", False),
+    ("non-ascii-digits", "2026-12-02T21:14:02Z", "\uff12\uff10\uff12\uff16-12-02T21:14:02Z", False),
+    ("hour-24", "2026-12-03T00:00:00Z", "2026-12-02T24:00:00Z", False),
+    ("offset-minutes-60", "2026-12-02T21:14:02Z", "2026-12-02T22:14:02+00:60", False),
 ]
 
 

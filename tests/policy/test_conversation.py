@@ -61,9 +61,7 @@ async def test_proxy_audit_check_and_offline_decide_alike(
     engine = Engine(policy, NODE)
     offline: list[tuple[bool, str]] = []
     async with (
-        running_gatekeeper(
-            apiserver, policy, pki, audit_sink=sink, audit=AUDIT
-        ) as running,
+        running_gatekeeper(apiserver, policy, pki, audit_sink=sink, audit=AUDIT) as running,
         running.unix_session(GPU) as session,
     ):
         for method, target, body, content_type, accept in REQUESTS:

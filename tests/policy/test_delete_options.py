@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.policy import load_policy
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.integrity import checked_delete_options, delete_options, pin_delete
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 
 SLICES = load_policy(None).kinds[("resource.k8s.io", "resourceslices")]

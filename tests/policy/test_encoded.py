@@ -13,10 +13,11 @@ import pytest
 from gatekeeper.codec.kubeproto import read_envelope
 from gatekeeper.errors import Refusal
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Decision, Engine, load_policy
+from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.model import Field
 from gatekeeper.policy.plan import Plan
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
 from gatekeeper.request.requestinfo import parse_request
 from tests.codec.test_kubeproto import META, SPEC, body, field

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Engine, Policy, load_policy
+from gatekeeper.policy import Decision, Engine, Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
@@ -476,13 +477,40 @@ def test_update_pins_the_fetched_resource_version() -> None:
     assert decision.body["metadata"]["resourceVersion"] == "42"
 
 
+POOLS = "/apis/devmgmtproto.k8s.io/v1alpha1/devicepools"
+
+
+def pool_v1(name: str = "node-a", rv: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, **({"resourceVersion": rv} if rv else {})}
+    return {"apiVersion": "devmgmtproto.k8s.io/v1alpha1", "kind": "DevicePool", "metadata": meta,
+            "spec": {"driver": "gpu.example.com", "nodeName": NODE}}  # fmt: skip
+
+
 def test_update_with_another_resource_version_is_a_conflict() -> None:
-    """Forwarding it could land the write on a version the gatekeeper never checked."""
-    body = slice_v1()
-    body["metadata"]["resourceVersion"] = "41"
-    decision = decide("PUT", f"{SLICES}/node-a-gpu", body, stored(slice_v1(), rv="42"))
+    """Forwarding it could land the write on a version the gatekeeper never checked: a kind
+    whose owner fields the apiserver may change is read and pinned."""
+    decision = decide("PUT", f"{POOLS}/node-a", pool_v1(rv="41"), stored(pool_v1(), rv="42"))
     assert (decision.allowed, decision.code) == (False, 409)
     assert "the object has been modified" in decision.message
+
+
+def test_an_update_carrying_its_version_of_an_immutable_owner_kind_reads_nothing() -> None:
+    """docs/security.md "Updates without a read": ResourceSlice v1 asserts apiserverImmutable
+    for driver, node and pool, so a body naming the caller, this node and its pool, at the
+    resourceVersion the driver read, is forwarded as it is; a stale one is the apiserver's 409,
+    another driver's slice the apiserver's 422."""
+    body = slice_v1()
+    body["metadata"]["resourceVersion"] = "41"
+    info = parse_request("PUT", f"{SLICES}/node-a-gpu")
+    plan = ENGINE.accept(ENGINE.screen(GPU, info), "application/json", body)
+    assert not isinstance(plan, Decision) and plan.fetch is None and plan.unread
+    decision = decide_offline(ENGINE, GPU, info, body, None)
+    assert decision.forwards and decision.body == body
+    for refused in (slice_v1(driver="nic.example.com"), slice_v1(pool={"name": "node-b/x"})):
+        refused["metadata"]["resourceVersion"] = "41"
+        assert not decide_offline(ENGINE, GPU, info, refused, None).allowed
+    # Without a resourceVersion the stored object is read and the update pinned to it.
+    assert decide("PUT", f"{SLICES}/node-a-gpu", slice_v1(), None).code == 404
 
 
 def test_delete_pins_uid_and_resource_version() -> None:
@@ -530,7 +558,7 @@ def test_core_openapi_document_follows_the_policy() -> None:
 def test_inject_mode_adds_missing_terms() -> None:
     policy_text = (Path(__file__).parents[2] / "gatekeeper/policies/default.yaml").read_text()
     policy_text = policy_text.replace("listSelector: Require", "listSelector: Inject")
-    from gatekeeper.policy import parse_policy
+    from gatekeeper.policyfile import parse_policy
 
     engine = Engine(parse_policy(policy_text).with_drivers(frozenset({GPU.driver})), NODE)
     decision = decide_offline(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.policy import Decision, load_policy
+from gatekeeper.policy import Decision
 from gatekeeper.policy.integrity import (
     body_shape,
     patch_result,
@@ -19,6 +19,7 @@ from gatekeeper.policy.integrity import (
 )
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Preview
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 
 SLICES = load_policy(None).kinds[("resource.k8s.io", "resourceslices")]

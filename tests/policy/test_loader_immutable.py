@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import parse_policy
 from gatekeeper.policy.model import BUILT_IN_GROUPS, Field
+from gatekeeper.policyfile import parse_policy
 
 HEAD = "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\n"
 KIND = """\
@@ -69,16 +69,6 @@ REFUSED = [
         + UNCONFIRMED.format(group="devmgmtproto.k8s.io", key="apiserverImmutable"),
     ),
     (
-        "deprecated-name-unconfirmed",
-        "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\n"
-        + KIND.format(group="example.com", extra="", immutable="")
-        .replace("      - names: [v1]\n", "      v1:\n")
-        .rstrip("\n")
-        + "\n        immutable: [driver, node]\n",
-        "kinds[0].versions.v1.immutable: "
-        + UNCONFIRMED.format(group="example.com", key="immutable"),
-    ),
-    (
         "confirmation-of-a-copied-kind",
         policy("example.com", extra="    apiserverImmutableConfirmed: gadgets.example.com\n"),
         "kinds[0].apiserverImmutableConfirmed: 'gadgets.example.com' is not this kind: it must "
@@ -120,7 +110,10 @@ REFUSED = [
 def test_an_unconfirmed_or_misplaced_assertion_is_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_policy(text, "p.yaml")
-    assert str(caught.value).startswith(f"p.yaml: {message}"), str(caught.value)
+    line, _, rest = str(caught.value).removeprefix("p.yaml:").partition(": ")
+    assert rest.startswith(message), str(caught.value)
+    key = message.split(":")[0].rsplit(".", 1)[-1]  # the line names the key at fault
+    assert key in text.splitlines()[int(line) - 1]
 
 
 def test_an_override_confirms_for_the_included_kind() -> None:

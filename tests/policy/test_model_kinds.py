@@ -9,8 +9,9 @@ import pytest
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.identity import Identity
-from gatekeeper.policy import Engine, KindRule, load_policy, parse_policy
+from gatekeeper.policy import Engine, KindRule
 from gatekeeper.policy.model import Field
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
 
@@ -99,18 +100,24 @@ def test_apiserver_immutable_must_cover_every_located_field_to_count() -> None:
             + SLICE.replace(", pool: spec.pool.name", "") % ", apiserverImmutable: [pool]",
             "kinds[0].versions[0].apiserverImmutable: names pool, which has no path here",
         ),
-        (nodes(scope="Namespaced"), "kinds[1].scope: rule OwnNode names a cluster-scoped object"),
-        (nodes(extra="    verbs: [get, list]\n"), "kinds[1].verbs: rule OwnNode allows only get"),
+        (nodes(scope="Namespaced"), "kinds[1].scope: must be Cluster (rule OwnNode)"),
+        (
+            nodes(extra="    verbs: [get, list]\n"),
+            "kinds[1].verbs[1]: 'list' is not one of get, update, patch (rule OwnNode)",
+        ),
         (
             nodes(extra="    verbs: [get]\n    subresources: [status]\n"),
-            "kinds[1].subresources: rule OwnNode allows no subresources",
+            "kinds[1].subresources: must be empty (rule OwnNode)",
         ),
         (
             nodes(extra="    verbs: [get]\n    fill: [node]\n"),
-            "kinds[1].fill: is not used by rule OwnNode",
+            "kinds[1].fill: is not allowed (rule OwnNode)",
         ),
         (nodes(version=", driver: spec.driver"), "kinds[1].versions[0].driver: unknown key"),
-        (HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]', "versions[0].opaque[0]: bad"),
+        (
+            HEAD + "kinds:\n" + CLAIM % '["status.devices[0].data"]',
+            "versions[0].opaque[0]: 'status.devices[0].data' is not a field path",
+        ),
         (HEAD + "kinds:\n" + CLAIM % "status.devices.data", "versions[0].opaque: must be a list"),
     ],
     ids=[
@@ -136,7 +143,7 @@ def test_bad_policy_data_is_refused_at_load(text: str, message: str) -> None:
     ("times", "message"),
     [
         ("[status.devices.data.at]", "times[0]: status.devices.data.at is under opaque"),
-        ('["status.devices[0].at"]', "versions[0].times[0]: bad"),
+        ('["status.devices[0].at"]', "times[0]: 'status.devices[0].at' is not a field path"),
         ("status.devices.at", "versions[0].times: must be a list"),
     ],
     ids=["under-opaque", "bad-path", "not-a-list"],
@@ -170,20 +177,21 @@ def test_the_core_group_opens_no_discovery_path() -> None:
 GPU = Identity(driver="gpu.example.com", transport="unix")
 ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU.driver})), "node-a")
 
+OWN_NODE_ONLY = "a driver may only get this node's own Node"
 # (id, method, target, allowed, code, part of the message)
 NODE_REQUESTS: list[tuple[str, str, str, bool, int, str]] = [
     ("own-node", "GET", "/api/v1/nodes/node-a", True, 0, ""),
     ("own-node-head", "HEAD", "/api/v1/nodes/node-a", True, 0, ""),
     ("other-node", "GET", "/api/v1/nodes/node-b", False, 403, 'own Node "node-a"'),
-    ("list", "GET", "/api/v1/nodes", False, 403, "verb list is not allowed"),
+    ("list", "GET", "/api/v1/nodes", False, 403, OWN_NODE_ONLY),
     ("list-own-name", "GET", "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-a", False, 403, ""),
-    ("watch", "GET", "/api/v1/nodes?watch=true", False, 403, "verb watch is not allowed"),
+    ("watch", "GET", "/api/v1/nodes?watch=true", False, 403, OWN_NODE_ONLY),
     ("status", "GET", "/api/v1/nodes/node-a/status", False, 403, 'subresource "status"'),
     ("proxy", "GET", "/api/v1/nodes/node-a/proxy", False, 403, 'subresource "proxy"'),
-    ("update", "PUT", "/api/v1/nodes/node-a", False, 403, "verb update is not allowed"),
-    ("patch", "PATCH", "/api/v1/nodes/node-a", False, 403, "verb patch is not allowed"),
-    ("delete", "DELETE", "/api/v1/nodes/node-a", False, 403, "verb delete is not allowed"),
-    ("create", "POST", "/api/v1/nodes", False, 403, "verb create is not allowed"),
+    ("update", "PUT", "/api/v1/nodes/node-a", False, 403, OWN_NODE_ONLY),
+    ("patch", "PATCH", "/api/v1/nodes/node-a", False, 403, OWN_NODE_ONLY),
+    ("delete", "DELETE", "/api/v1/nodes/node-a", False, 403, OWN_NODE_ONLY),
+    ("create", "POST", "/api/v1/nodes", False, 403, OWN_NODE_ONLY),
     ("other-version", "GET", "/api/v1beta1/nodes/node-a", False, 403, "not in the policy"),
 ]
 
@@ -207,3 +215,21 @@ def test_a_driver_reads_only_its_own_node(
         )
     else:
         assert decision.code == code and message in decision.message, decision.message
+
+
+def test_a_built_in_kind_takes_client_gos_protobuf_by_default_a_custom_one_json() -> None:
+    """client-go's typed clients write built-in kinds as protobuf and never fall back on a 415
+    (a Lease's leader election retried for ever): unless the policy says otherwise, the
+    gatekeeper accepts what the apiserver can decode in a dry run, and nothing more."""
+    text = """\
+apiVersion: dra-gatekeeper.io/v1alpha1
+kind: Policy
+kinds:
+  - {group: coordination.k8s.io, resource: leases, kind: Lease, scope: Namespaced,
+     rule: DriverNamespace, verbs: [get, create, update], versions: [{names: [v1]}]}
+  - {group: example.com, resource: widgets, kind: Widget, scope: Namespaced,
+     rule: DriverNamespace, verbs: [get, create, update], versions: [{names: [v1]}]}
+"""
+    policy = parse_policy(text)
+    assert policy.kinds[("coordination.k8s.io", "leases")].encodings == {"json", "protobuf"}
+    assert policy.kinds[("example.com", "widgets")].encodings == {"json"}

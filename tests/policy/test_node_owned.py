@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.policy import Engine, parse_policy
+from gatekeeper.policy import Engine
 from gatekeeper.policy.nodeselector import names_only
+from gatekeeper.policyfile import parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
 from gatekeeper.types import Identity

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.policy import Field, load_policy
+from gatekeeper.policy import Field
 from gatekeeper.policy.ownership import fill_missing, ownership_violation, pool_name_ok
+from gatekeeper.policyfile import load_policy
 from gatekeeper.rule import Rule, Violation
 
 NODE, GPU = "node-a", "gpu.example.com"

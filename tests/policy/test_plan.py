@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 
 from gatekeeper.apiserver import resource_slice
-from gatekeeper.policy import Decision, Engine, load_policy
+from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE
 from gatekeeper.types import Identity

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gatekeeper.policy import Engine, load_policy
+from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Credentials, KindRule
+from gatekeeper.policyfile import load_policy
 from gatekeeper.policytest import load_test_file, run_files
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline

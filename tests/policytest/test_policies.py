@@ -14,8 +14,9 @@ import pytest
 
 from gatekeeper.cli.main import main
 from gatekeeper.errors import Refusal
-from gatekeeper.policy import KindRule, load_policy
+from gatekeeper.policy import KindRule
 from gatekeeper.policy.model import ALL_VERBS
+from gatekeeper.policyfile import load_policy
 from gatekeeper.policytest import TestFile, load_test_file
 from gatekeeper.request.requestinfo import parse_request
 

@@ -116,23 +116,25 @@ def test_a_wrong_expectation_fails_with_a_readable_diff(
         (
             WRONG.replace("code: 200", "code: 9000"),
             "9000",
-            'case "secrets expected allowed" expect.code: must be an HTTP status code',
+            'case "secrets expected allowed" expect.code: 9000 is not an HTTP status code (100 to '
+            "599)",
         ),
         (
             WRONG.replace("method: GET", "method: get"),
             "method: get",
-            'case "secrets expected allowed" request.method: must be upper case',
+            "case \"secrets expected allowed\" request.method: 'get' is not upper case (GET, "
+            "POST, …)",
         ),
         (WRONG + WRONG, "- name: secrets", 'case "secrets expected allowed" name: is used by'),
         (
             PASSING.replace("    driver: gpu.example.com\n", "    driver: a\n    driver: b\n"),
             "driver: b",
-            "duplicate key 'driver'",
+            "not valid YAML: duplicate key 'driver'",
         ),
         (
             PASSING.replace("method: GET", "method: GET: x"),
             "GET: x",
-            "mapping values are not allowed",
+            "not valid YAML: mapping values are not allowed",
         ),
         (
             WRONG.replace(
@@ -171,11 +173,13 @@ def test_a_policy_that_does_not_load_exits_2_at_the_policy_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     suite = write_suite(tmp_path, PASSING)
-    (tmp_path / "policy.yaml").write_text("kinds: []\n")
+    (tmp_path / "policy.yaml").write_text(
+        "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\nkinds: []\n"
+    )
     code, _, err = run(capsys, str(suite), "--output", "github")
     assert code == 2
     assert err.startswith(f"dra-gatekeeper test: {suite}:1: policy: ")
-    assert "kinds: must be a non-empty list" in err
+    assert f"{tmp_path / 'policy.yaml'}:3: kinds: must be a non-empty list" in err
 
 
 def test_junit_xml_parses_with_the_right_counts(

@@ -159,6 +159,7 @@ async def test_an_internal_error_is_a_status_with_audit_id_and_the_decision_so_f
     text/plain; the event keeps the decision reached (allow) and names the error."""
     sink = RecordingSink()
     async with running_gatekeeper(apiserver, policy, pki, audit_sink=sink) as gk:
+
         def broken(call: UpstreamCall) -> MockResponse:
             raise RuntimeError("a bug")
 

@@ -18,7 +18,8 @@ from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import JsonLinesWriter
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.limits import Limits
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import (
     GPU,
     NIC,

@@ -162,7 +162,7 @@ REFUSALS = [
         'cannot list resource "secrets"',
     ),
     ("pods", "POST", "/api/v1/namespaces/default/pods", {"kind": "Pod"}, 403, "does not allow"),
-    ("nodes", "GET", "/api/v1/nodes", None, 403, "verb list is not allowed on nodes"),
+    ("nodes", "GET", "/api/v1/nodes", None, 403, "a driver may only get this node's own Node"),
     (
         "clusterroles",
         "GET",
@@ -353,7 +353,12 @@ async def test_foreign_objects_are_checked_before_any_write(
             for method, body in (("GET", None), ("PUT", obj), ("DELETE", None)):
                 response = await session.request(method, f"{SLICES}/{name}", json=body)
                 assert response.status == 403, (method, name)
-                assert "the stored object's" in (await response.json())["message"]
+                message = (await response.json())["message"]
+                # A PUT of the object as stored (its resourceVersion in it) is decided on its
+                # body alone (docs/security.md, "Updates without a read"): it names another
+                # driver or node, refused the same, before anything is read.
+                whose = "does not match" if method == "PUT" else "the stored object's"
+                assert whose in message, (method, name, message)
     # Only the gatekeeper's own reads of the stored objects arrived; no write did.
     assert {entry.method for entry in apiserver.journal} == {"GET"}
     assert apiserver.get("resource.k8s.io", "resourceslices", "node-a-nic") is not None

@@ -17,7 +17,8 @@ import pytest
 from gatekeeper.apiserver import APIServer
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.codec.jsonpath import get_field, parse_field_path, set_field
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import GPU, NIC, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
 
 POLICY = """\

@@ -1,9 +1,9 @@
 """A real kube-apiserver 1.36 with etcd 3.6 on loopback, set up as a node of a real cluster sees it.
 
 ``--authorization-mode=Node,RBAC``, ``NodeRestriction``, resource.k8s.io v1, v1beta2 and
-v1beta1, a service-account issuer with its signing key, and an audit log at RequestResponse
-for resource.k8s.io (Metadata for the rest): the apiserver's own journal, which the tests read
-to prove that nothing the gatekeeper refused ever reached it.
+v1beta1 (DeviceTaintRules too), a service-account issuer with its signing key, and an audit log
+at RequestResponse for resource.k8s.io (Metadata for the rest): the apiserver's own journal,
+which the tests read to prove that nothing the gatekeeper refused ever reached it.
 """
 
 from __future__ import annotations
@@ -324,7 +324,10 @@ class RealCluster:
             # DRA kubelet plugins run privileged, as dra-example-driver does.
             "--allow-privileged=true",
             "--enable-admission-plugins=NodeRestriction",
-            "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
+            "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,"
+            "resource.k8s.io/v1beta2/devicetaintrules=true",
+            # DeviceTaintRules (Intel's Gaudi plugin writes them): beta in 1.36, off by default.
+            "--feature-gates=DRADeviceTaintRules=true",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={sa_pub_file}",
             f"--service-account-signing-key-file={sa_key_file}",

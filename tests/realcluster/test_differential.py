@@ -28,7 +28,7 @@ from gatekeeper.apiserver import _objects as objects_module
 from gatekeeper.apiserver._json import deep
 from gatekeeper.apiserver.store import object_key
 from gatekeeper.cli.served import served_kinds
-from gatekeeper.policy.loader import load_policy
+from gatekeeper.policyfile import load_policy
 from tests.apiserver.test_recordings import REPLAY_KINDS
 from tests.realcluster.cluster import ApiError, RealCluster
 from tests.realcluster.conftest import DEFAULT_POLICY

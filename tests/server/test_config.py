@@ -10,7 +10,7 @@ import pytest
 from gatekeeper.audit import AuditLevel
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.tls import ServerTLS
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import (
     AuditSettings,
     ServeConfig,

@@ -9,7 +9,7 @@ import pytest
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit import NullSink
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.rule import Rule
 from gatekeeper.server.metrics import MeteredSink, Metrics
 from gatekeeper.testing.harness import (

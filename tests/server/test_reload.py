@@ -20,7 +20,8 @@ from gatekeeper.apiserver import APIServer, resource_slice
 from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.listen.tls import TLSFiles
-from gatekeeper.policy import Policy, load_policy
+from gatekeeper.policy import Policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.server.server import GatekeeperServer, run_until_signal
 from gatekeeper.testing.harness import (
     GPU,
@@ -95,7 +96,7 @@ async def test_invalid_policy_is_refused_and_the_old_one_keeps_serving(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert errors[0].startswith("policy reload refused, keeping the previous policy: ")
-    assert f"{policy_file}: kinds[0]" in errors[0]
+    assert f"{policy_file}:" in errors[0] and "kinds[0].resurce: unknown key" in errors[0]
 
 
 async def test_stricter_policy_refuses_at_once_without_dropping_in_flight(

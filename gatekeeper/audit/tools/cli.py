@@ -26,7 +26,7 @@ from gatekeeper.audit.tools.reader import (
 )
 from gatekeeper.audit.tools.summarize import format_table, summarize, summary_json
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import load_policy, parse_policy
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.usage import UsageParser
 
 __all__ = ["EXIT_EMPTY", "run_audit_command"]

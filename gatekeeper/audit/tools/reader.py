@@ -80,8 +80,10 @@ class Record:
     """The kube-apiserver served it as another user (``impersonatedUser``): the caller sent
     ``Impersonate-*`` headers."""
     token_user: UserInfo | None = None
-    """A token caller as the apiserver reviewed it, rebuilt from the event's peer facts (what
-    CEL reads as ``request.userInfo``): None for a socket or certificate caller."""
+    """A token caller as the apiserver reviewed it (what CEL reads as ``request.userInfo``):
+    rebuilt from the gatekeeper's event's peer facts, or the kube-apiserver's event's own user
+    when that is a ServiceAccount (the token the driver would show the token listener); None
+    for a socket or certificate caller."""
 
     @property
     def resource_key(self) -> str:
@@ -210,11 +212,12 @@ def to_record(event: Mapping[str, Any], driver_users: Mapping[str, str]) -> Reco
         response_object=event.get("responseObject"),
         annotations=annotations,
         impersonated=bool(event.get("impersonatedUser")),
-        token_user=_token_user(extra) if gatekeeper else None,
+        token_user=_token_user(extra) if gatekeeper else _service_account_user(user),
     )
 
 
 _PEER = "dra-gatekeeper.io/peer-"
+_SERVICE_ACCOUNT = "system:serviceaccount:"
 # Peer facts of a token caller → the TokenReview extra they came from.
 _TOKEN_EXTRAS = {
     "podName": "authentication.kubernetes.io/pod-name",
@@ -240,6 +243,22 @@ def _token_user(extra: Mapping[str, Any]) -> UserInfo | None:
     }
     uid = _first(extra.get(f"{_PEER}serviceAccountUID"))
     return UserInfo(username, uid, groups, extras)
+
+
+def _service_account_user(user: Mapping[str, Any]) -> UserInfo | None:
+    """A kube-apiserver event's user, when it is a ServiceAccount: the apiserver authenticated
+    its token, so this is what a TokenReview of the same token says."""
+    username = user.get("username")
+    if not isinstance(username, str) or not username.startswith(_SERVICE_ACCOUNT):
+        return None
+    groups = tuple(str(group) for group in user.get("groups") or ())
+    raw = user.get("extra") or {}
+    extra = {
+        str(key): tuple(str(value) for value in values)
+        for key, values in (raw.items() if isinstance(raw, Mapping) else ())
+        if isinstance(values, list)
+    }
+    return UserInfo(username, str(user.get("uid", "")), groups, extra)
 
 
 def iter_records(

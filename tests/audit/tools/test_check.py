@@ -15,8 +15,8 @@ from gatekeeper.audit import AuditLevel
 from gatekeeper.audit.tools.check import check_records, format_report
 from gatekeeper.audit.tools.cli import run_audit_command
 from gatekeeper.audit.tools.reader import iter_records
-from gatekeeper.policy import load_policy
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import GPU, NIC, Audited, seed, slice_body
 from tests.paths import REPO
 

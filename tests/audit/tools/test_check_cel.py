@@ -10,7 +10,7 @@ from typing import Any
 from gatekeeper.audit import AuditLevel
 from gatekeeper.audit.tools.check import check_records
 from gatekeeper.audit.tools.reader import FINAL_STAGES, to_record
-from gatekeeper.policy import load_policy, parse_policy
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.policytest import Harness, load_test_file
 
 RULES = Path(__file__).resolve().parents[2] / "policy" / "rules"

@@ -13,7 +13,7 @@ import pytest
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.audit.tools.cli import EXIT_EMPTY, run_audit_command
-from gatekeeper.policy import load_policy
+from gatekeeper.policyfile import load_policy
 from gatekeeper.testing.harness import GPU, NIC, Audited
 from tests.audit.logs import SA_GPU, SA_NIC, apiserver_event, record_run, write_apiserver_log
 from tests.paths import REPO

@@ -7,7 +7,8 @@ from typing import Any
 import yaml
 
 from gatekeeper.audit.tools.generate import generate_policy
-from gatekeeper.policy import Engine, KindRule, ListSelectorMode, load_policy, parse_policy
+from gatekeeper.policy import Engine, KindRule, ListSelectorMode
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE, PINNED, SLICES, decide_offline, slice_body
 from gatekeeper.types import Identity
@@ -56,9 +57,13 @@ def test_a_new_kind_is_inferred_from_its_objects() -> None:
     records = [
         record("create", WIDGETS, code=201, request_object=widget("node-a-1")),
         record("list", WIDGETS + "?fieldSelector=spec.owner%3Dgpu.example.com"),
+        record("get", f"{WIDGETS}/node-a-1", response_object=widget("node-a-1")),
     ]
     doc = yaml.safe_load(generate_policy(records, BASE))
+    # One entry: objects that name the driver as well as the node are NodeLocal's, reads too
+    # (rule OnNode would check only the node).
     (kind,) = doc["kinds"]
+    assert kind["rule"] == "NodeLocal" and kind["verbs"] == ["create", "get", "list"]
     assert kind["kind"] == "NodeWidget" and kind["scope"] == "Cluster"
     assert kind["versions"] == [{"names": ["v1"], "driver": "spec.owner", "node": "spec.host",
                                  "pool": "spec.pool.name"}]  # fmt: skip
@@ -69,8 +74,10 @@ def test_traffic_no_rule_can_express_is_named_not_allowed() -> None:
     records = [record("get", f"{WIDGETS}/w1")]
     text = generate_policy(records, BASE)
     assert (
-        "# NOT ALLOWED: nodewidgets.example.com v1 (1 requests seen): no field of the logged "
-        "objects holds the driver and node names"
+        "# NOT ALLOWED: nodewidgets.example.com v1 get (1 requests seen, e.g. "
+        f"{WIDGETS}/w1): the log holds no object of it to find the driver and node in (record at "
+        "--audit-level Request or RequestResponse); and gpu.example.com showed no ServiceAccount "
+        "token to forward them under its own credentials"
     ) in text
     assert "# No resource traffic could be expressed: this policy does not load." in text
 

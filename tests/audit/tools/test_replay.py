@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gatekeeper.audit.tools.replay import ObjectMemory, method_of, patch_type
-from gatekeeper.policy import load_policy
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
+from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NODE, SLICES, slice_body
 from tests.audit.records import record

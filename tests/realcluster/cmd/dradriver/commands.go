@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	resourceapply "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -48,6 +49,16 @@ type command struct {
 	// Unconditional leaves metadata.resourceVersion empty in an update: the apiserver then
 	// writes whatever version is stored (a protobuf PUT without resourceVersion).
 	Unconditional bool `json:"unconditional,omitempty"`
+
+	// The calls of extra.go.
+	Labels        map[string]*string `json:"labels,omitempty"`
+	UID           string             `json:"uid,omitempty"`
+	Reason        string             `json:"reason,omitempty"`
+	Component     string             `json:"component,omitempty"`
+	Message       string             `json:"message,omitempty"`
+	Resource      string             `json:"resource,omitempty"`
+	Status        json.RawMessage    `json:"status,omitempty"`
+	FieldSelector string             `json:"fieldSelector,omitempty"`
 }
 
 type claimRef struct {
@@ -60,6 +71,7 @@ type driverState struct {
 	ctx       context.Context
 	out       *out
 	client    kubernetes.Interface
+	dynamic   dynamic.Interface
 	driver    string
 	node      string
 	pluginDir string
@@ -160,6 +172,9 @@ func (d *driverState) dispatch(ctx context.Context, cmd command) (map[string]any
 	case "get-node":
 		node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
 		return objectResult(node, err)
+	}
+	if result, handled, err := d.dispatchExtra(ctx, cmd); handled {
+		return result, err
 	}
 	return nil, fmt.Errorf("unknown op %q", cmd.Op)
 }

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -64,8 +65,14 @@ func main() {
 		o.emit(map[string]any{"event": "fatal", "error": err.Error()})
 		os.Exit(2)
 	}
+	dynamicClient, err := dynamic.NewForConfig(config)
+	if err != nil {
+		o.emit(map[string]any{"event": "fatal", "error": err.Error()})
+		os.Exit(2)
+	}
 	d := &driverState{
-		ctx: ctx, out: o, client: client, driver: *driver, node: *node, pluginDir: *pluginDir,
+		ctx: ctx, out: o, client: client, dynamic: dynamicClient,
+		driver: *driver, node: *node, pluginDir: *pluginDir,
 	}
 	defer d.shutdown()
 	o.emit(map[string]any{"event": "ready", "host": config.Host, "contentType": config.ContentType})

@@ -4,14 +4,13 @@ file at fault, and the files that include it."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import load_policy, parse_policy
 from gatekeeper.policy.model import Field, UnboundTokens
+from gatekeeper.policyfile import load_policy, parse_policy
 
 HEAD = "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\n"
 SLICES = """\
@@ -125,23 +124,8 @@ def test_nested_includes_resolve_relative_to_each_file(tmp_path: Path) -> None:
     )
 
 
-def test_a_deprecated_included_file_is_named_in_its_notice(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, "gatekeeper.policy")
-    old = "apiVersion: gatekeeper.dra.k8s.io/v1alpha1\nkind: Policy\nkinds:\n" + SLICES.replace(
-        "      - {names: [v1beta2, v1], ", "      v1: {"
-    )
-    root = files(tmp_path, old_yaml=old, root_yaml=HEAD + "include: [old.yaml]\n")
-    assert set(load_policy(root).kinds["resource.k8s.io", "resourceslices"].versions) == {"v1"}
-    messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 1 and messages[0].startswith(
-        f"{tmp_path / 'old.yaml'}: apiVersion gatekeeper.dra.k8s.io/v1alpha1 is deprecated"
-    )
-
-
 OVERRIDE = "  - group: resource.k8s.io\n    resource: resourceslices\n"
-# (id, files, the file named first, the rest of the message)
+# (id, files, the file and line named first, the rest of the message)
 REFUSED: list[tuple[str, dict[str, str], str, str]] = [
     (
         "missing",
@@ -158,25 +142,25 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
     (
         "absolute",
         {"root_yaml": HEAD + "include: [/etc/policy.yaml]\n"},
-        "root.yaml",
-        "include[0]: '/etc/policy.yaml' must be a path relative to this file, or packaged:<name>",
+        "root.yaml:3",
+        "include[0]: '/etc/policy.yaml' is not a path relative to this file, or packaged:<name>",
     ),
     (
         "not-a-list",
         {"root_yaml": HEAD + "include: base.yaml\n", "base_yaml": BASE},
-        "root.yaml",
+        "root.yaml:3",
         "include: must be a list of strings",
     ),
     (
         "itself",
         {"root_yaml": HEAD + "include: [root.yaml]\n"},
-        "root.yaml",
+        "root.yaml:3",
         "include[0]: {root} includes itself: {root} -> {root}",
     ),
     (
         "cycle",
         {"root_yaml": HEAD + "include: [a.yaml]\n", "a_yaml": HEAD + "include: [root.yaml]\n"},
-        "a.yaml",
+        "a.yaml:3",
         "include[0]: {root} includes itself: {root} -> {dir}/a.yaml -> {root} (included by {root})",
     ),
     (
@@ -187,7 +171,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "b_yaml": HEAD + "include: [base.yaml]\n",
             "base_yaml": BASE,
         },
-        "b.yaml",
+        "b.yaml:3",
         "include[0]: {dir}/base.yaml is included twice (also by {dir}/a.yaml): a file is included "
         "once (included by {root})",
     ),
@@ -198,14 +182,14 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "mid_yaml": HEAD + "include: [base.yaml]\n",
             "base_yaml": BASE.replace("scope: Cluster", "scope: Node"),
         },
-        "base.yaml",
+        "base.yaml:8",
         "kinds[0].scope: 'Node' is not one of Cluster, Namespaced "
         "(included by {dir}/mid.yaml <- {root})",
     ),
     (
         "kind-defined-again",
         {"root_yaml": HEAD + "include: [base.yaml]\nkinds:\n" + SLICES, "base_yaml": BASE},
-        "root.yaml",
+        "root.yaml:5",
         "kinds[0]: resourceslices.resource.k8s.io (rule NodeLocal) is defined by {dir}/base.yaml: "
         "kinds[0] "
         "already: change it under `overrides` (a kind is defined once per rule)",
@@ -217,14 +201,14 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "base_yaml": BASE,
             "other_yaml": HEAD + "kinds:\n" + SLICES,
         },
-        "other.yaml",
+        "other.yaml:4",
         "kinds[0]: resourceslices.resource.k8s.io is defined by {dir}/base.yaml: kinds[0] too: "
         "include one of them (included by {root})",
     ),
     (
         "override-without-include",
         {"root_yaml": HEAD + "kinds:\n" + SLICES + "overrides:\n" + OVERRIDE + "    verbs: []\n"},
-        "root.yaml",
+        "root.yaml:13",
         "overrides[0]: overrides resourceslices.resource.k8s.io, which no included file defines "
         "(this file does: edit it there)",
     ),
@@ -235,7 +219,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "  - {group: example.com, resource: widgets, verbs: []}\n",
             "base_yaml": BASE,
         },
-        "root.yaml",
+        "root.yaml:5",
         "overrides[0]: overrides widgets.example.com, which no included file defines",
     ),
     (
@@ -249,7 +233,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             + "    verbs: [get]\n",
             "base_yaml": BASE,
         },
-        "root.yaml",
+        "root.yaml:8",
         "overrides[1]: resourceslices.resource.k8s.io is overridden twice",
     ),
     (
@@ -261,7 +245,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             + "    rule: AllocatedToDriver\n",
             "base_yaml": BASE,
         },
-        "root.yaml",
+        "root.yaml:7",
         "overrides[0].rule: resourceslices.resource.k8s.io is listed under rule NodeLocal, not "
         "AllocatedToDriver: an override names the rule of the entry it changes, it cannot change "
         "a rule",
@@ -269,7 +253,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
     (
         "override-of-nothing",
         {"root_yaml": HEAD + "include: [base.yaml]\noverrides:\n" + OVERRIDE, "base_yaml": BASE},
-        "root.yaml",
+        "root.yaml:5",
         "overrides[0]: overrides nothing: give the keys or versions to replace",
     ),
     (
@@ -279,9 +263,9 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "  - {group: resource.k8s.io, resource: resourceclaims, verbs: [get, delete]}\n",
             "base_yaml": BASE,
         },
-        "root.yaml",
-        "overrides[0].verbs: rule AllocatedToDriver allows only get, list, patch, update, watch, "
-        "not delete",
+        "root.yaml:5",
+        "overrides[0].verbs[1]: 'delete' is not one of get, list, watch, update, patch "
+        "(rule AllocatedToDriver)",
     ),
     (
         "override-version-at-fault",
@@ -292,8 +276,32 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             + "    versions: [{names: [v2], driver: spec.d}]\n",
             "base_yaml": BASE,
         },
-        "root.yaml",
-        "overrides[0].versions[0].node: is required (the JSON path of the field)",
+        "root.yaml:7",
+        "overrides[0].versions[0].node: is required",
+    ),
+    (
+        # The kind an override changed is checked whole, by the schema of its rule: the fault
+        # is named where the value at fault was written.
+        "override-adds-a-key-its-rule-refuses",
+        {
+            "root_yaml": HEAD + "include: [base.yaml]\noverrides:\n"
+            "  - {group: resource.k8s.io, resource: resourceclaims, fill: [driver]}\n",
+            "base_yaml": BASE,
+        },
+        "root.yaml:5",
+        "overrides[0].fill: is not allowed (rule AllocatedToDriver)",
+    ),
+    (
+        "override-version-of-another-rules-shape",
+        {
+            "root_yaml": HEAD
+            + "include: [base.yaml]\noverrides:\n"
+            + OVERRIDE
+            + "    versions: [{names: [v2]}]\n",
+            "base_yaml": BASE,
+        },
+        "root.yaml:7",
+        "overrides[0].versions[0].driver: is required (rule NodeLocal)",
     ),
     (
         "service-account-of-two-drivers",
@@ -301,7 +309,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "root_yaml": HEAD + "include: [base.yaml]\nserviceAccounts: {b.example.com: [ns/a]}\n",
             "base_yaml": BASE + "serviceAccounts: {a.example.com: [ns/a]}\n",
         },
-        "root.yaml",
+        "root.yaml:4",
         "serviceAccounts.b.example.com[0]: ns/a is mapped to a.example.com already by "
         "{dir}/base.yaml: serviceAccounts.a.example.com[0]: a service account identifies one "
         "driver",
@@ -313,7 +321,7 @@ REFUSED: list[tuple[str, dict[str, str], str, str]] = [
             "base_yaml": BASE + "unboundTokens: Refuse\n",
             "other_yaml": HEAD + "unboundTokens: Allow\n",
         },
-        "root.yaml",
+        "root.yaml:1",
         "unboundTokens: the included files disagree ({dir}/base.yaml: unboundTokens: Refuse, "
         "{dir}/other.yaml: unboundTokens: Allow): set it here",
     ),
@@ -329,7 +337,7 @@ def test_composition_faults_name_the_file_and_its_includers(
     root = files(tmp_path, **texts)
     with pytest.raises(ConfigError) as caught:
         load_policy(root)
-    shown = named if named.startswith("packaged:") else str(tmp_path / named)
+    shown = named if named.startswith("packaged:") else f"{tmp_path}/{named}"
     expected = f"{shown}: " + message.format(root=root, dir=tmp_path)
     assert str(caught.value) == expected
 
@@ -350,7 +358,7 @@ def test_a_relative_include_needs_a_file() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_policy(HEAD + "include: [base.yaml]\n", "inline")
     assert str(caught.value) == (
-        "inline: include[0]: 'base.yaml': a relative include needs the policy to be a file"
+        "inline:3: include[0]: 'base.yaml': a relative include needs the policy to be a file"
     )
 
 

@@ -1,11 +1,13 @@
-"""The published JSON Schemas (schemas/*.schema.json, for editors and CI) say what the loaders
-check: every file of the repo passes, they know exactly the loaders' keys and values, and every
-refusal of the loader's tables is a refusal of the schema too, or is named below as one a schema
-cannot express."""
+"""The JSON Schemas (gatekeeper/policyfile/*.schema.json, linked from schemas/ for editors and
+CI) are the one definition of both file formats: the loaders validate with them. Every file of
+the repo passes; the values the code reads as Enums are the schema's; every keyword and pattern
+the schemas use is worded by the loader; and every refusal of the loader's tables is a refusal
+of the schema too, or is named below as one a schema cannot express."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +15,25 @@ import jsonschema
 import pytest
 import yaml
 
-from gatekeeper.policy import loader, parse_policy
-from gatekeeper.policy._expressions import CEL_KEYS, KIND_CEL_KEYS
-from gatekeeper.policy._kinds import KIND_KEYS, OVERRIDE_KEYS
-from gatekeeper.policy._versions import ALLOCATION_KEYS, VERSION_KEYS
+from gatekeeper.policy.build import ALLOCATION_KEYS
+from gatekeeper.policy.cel import StatusReason
 from gatekeeper.policy.model import (
     ALL_VERBS,
     ALLOCATED_VERBS,
     ENCODINGS,
+    OWN_NODE_VERBS,
     POOL_SEPARATORS,
+    RULE_VERBS,
     Field,
     KindRule,
     ListSelectorMode,
     Scope,
     UnboundTokens,
 )
-from gatekeeper.policytest import _model as test_model
-from tests.policy import test_loader, test_loader_immutable
+from gatekeeper.policyfile import API_VERSION, parse_policy, schema
+from gatekeeper.policyfile._schema import KEYWORDS
+from tests.policy import test_loader_immutable
+from tests.policyfile import test_policy_files as test_loader
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY_SCHEMA = json.loads((REPO / "schemas" / "policy.schema.json").read_text())
@@ -42,6 +46,15 @@ POLICIES = sorted(
     ]
 )
 TEST_FILES = sorted((REPO / "policies").glob("*_test.yaml"))
+
+
+def test_the_repository_links_the_schemas_the_gatekeeper_ships() -> None:
+    """schemas/ (what editors and the files' first lines name) is the packaged schema itself."""
+    for name in ("policy", "policytest"):
+        link = REPO / "schemas" / f"{name}.schema.json"
+        assert link.is_symlink()
+        assert link.resolve() == REPO / "gatekeeper" / "policyfile" / f"{name}.schema.json"
+        assert json.loads(link.read_text()) == schema(name)
 
 
 def errors(schema: dict[str, Any], doc: Any) -> list[str]:
@@ -74,34 +87,31 @@ def test_every_policy_test_file_of_the_repo_validates(path: Path) -> None:
     )
 
 
-def keys(schema: dict[str, Any], *where: str) -> set[str]:
-    node = schema
-    for step in where:
-        node = node[step]
-    return set(node["properties"])
-
-
 def enum(node: dict[str, Any]) -> set[str]:
     return set(node["enum"]) if "enum" in node else {node["const"]}
 
 
-def test_the_policy_schema_knows_exactly_the_loaders_keys_and_values() -> None:
+def rule_branch(rule: KindRule) -> dict[str, Any]:
+    (branch,) = [
+        b
+        for b in POLICY_SCHEMA["$defs"]["kind"]["allOf"]
+        if b["if"]["properties"]["rule"]["const"] == rule.value
+    ]
+    return branch["then"]
+
+
+def rule_verbs(rule: KindRule) -> set[str]:
+    """The verbs the schema allows a kind under ``rule`` (all, where it narrows none)."""
+    for part in rule_branch(rule).get("allOf", []):
+        if "verbs" in part.get("properties", {}):
+            return enum(part["properties"]["verbs"]["items"])
+    return set(ALL_VERBS)
+
+
+def test_the_values_the_code_reads_as_enums_are_the_schemas() -> None:
     defs = POLICY_SCHEMA["$defs"]
     props = defs["kind"]["properties"]
-    assert keys(POLICY_SCHEMA) == loader._TOP_KEYS
-    assert keys(defs, "kind") == KIND_KEYS
-    assert keys(defs, "override") == OVERRIDE_KEYS
-    cel = set(KIND_CEL_KEYS)
-    assert keys(defs, "nodeLocalVersion") == VERSION_KEYS | {"names"} | cel
-    assert (
-        keys(defs, "allocatedVersion") == set(ALLOCATION_KEYS) | {"names", "opaque", "times"} | cel
-    )
-    assert keys(defs, "ownObjectVersion") == {"names", "mayChange"} | cel
-    assert keys(defs, "onNodeVersion") == {"names", "node", "fieldSelectors"} | cel
-    assert keys(defs, "namespaceVersion") == {"names"} | cel
-    assert keys(defs, "celVersion") == {"names"} | set(CEL_KEYS)
-    assert keys(defs, "credentialsVersion") == {"names"}
-    assert POLICY_SCHEMA["properties"]["apiVersion"]["const"] == loader.API_VERSION
+    assert POLICY_SCHEMA["properties"]["apiVersion"]["const"] == API_VERSION
     assert enum(props["scope"]) == {s.value for s in Scope}
     assert enum(props["rule"]) == {r.value for r in KindRule}
     assert enum(props["listSelector"]) == {m.value for m in ListSelectorMode}
@@ -112,18 +122,54 @@ def test_the_policy_schema_knows_exactly_the_loaders_keys_and_values() -> None:
     assert enum(POLICY_SCHEMA["properties"]["unboundTokens"]) == {u.value for u in UnboundTokens}
     immutable = defs["nodeLocalVersion"]["properties"]["apiserverImmutable"]["items"]
     assert enum(immutable) == {f.value for f in Field}
-    allocated = defs["kind"]["allOf"][1]["then"]["allOf"][1]["properties"]["verbs"]["items"]
-    assert enum(allocated) == ALLOCATED_VERBS
+    reason = defs["celValidations"]["items"]["properties"]["reason"]
+    assert enum(reason) == {r.value for r in StatusReason}
+    assert set(defs["allocatedVersion"]["required"]) == {"names", *ALLOCATION_KEYS}
+    assert rule_verbs(KindRule.ALLOCATED_TO_DRIVER) == ALLOCATED_VERBS
+    assert rule_verbs(KindRule.OWN_NODE) == rule_verbs(KindRule.OWN_POD) == OWN_NODE_VERBS
+    for rule in KindRule:
+        assert rule_verbs(rule) == RULE_VERBS[rule], rule
 
 
-def test_the_test_schema_knows_exactly_the_test_loaders_keys() -> None:
-    defs = TEST_SCHEMA["$defs"]
-    assert keys(TEST_SCHEMA) == test_model._FILE_KEYS
-    assert keys(defs, "case") == test_model._CASE_KEYS
-    assert keys(defs, "request") == test_model._REQUEST_KEYS
-    assert keys(defs, "expect") == test_model._EXPECT_KEYS
-    forwarded = defs["expect"]["properties"]["forwarded"]["anyOf"][1]
-    assert set(forwarded["properties"]) == test_model._FORWARDED_KEYS
+def keywords(node: Any) -> Iterator[str]:
+    """Every keyword a schema uses (the values of enum, const and the like aside)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key
+            if key in ("properties", "$defs", "patternProperties", "dependentRequired"):
+                for sub in value.values():
+                    yield from keywords(sub)
+            elif key not in ("enum", "const", "required", "x-messages"):
+                yield from keywords(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from keywords(item)
+
+
+def subschemas(node: Any, worded: bool = False) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every schema object, and whether an ``anyOf`` above it has a title (which words the
+    refusal of a scalar in any of its branches)."""
+    if isinstance(node, dict):
+        yield node, worded
+        for key, value in node.items():
+            if key not in ("enum", "const", "required", "x-messages"):
+                yield from subschemas(value, worded or (key == "anyOf" and "title" in node))
+    elif isinstance(node, list):
+        for item in node:
+            yield from subschemas(item, worded)
+
+
+@pytest.mark.parametrize("schema", [POLICY_SCHEMA, TEST_SCHEMA], ids=["policy", "policytest"])
+def test_every_keyword_and_pattern_the_schemas_use_is_worded(schema: dict[str, Any]) -> None:
+    """A keyword the loader does not word would reach users as jsonschema's own text; a pattern
+    without a title or patternErrorMessage as a regular expression."""
+    used = set(keywords(schema)) - {"description", "title", "patternErrorMessage", "x-messages"}
+    assert used - KEYWORDS == set()
+    for node, worded in subschemas(schema):
+        if "pattern" in node:
+            assert worded or "patternErrorMessage" in node or "title" in node, node
+        if "then" in node and "x-messages" not in node["then"]:
+            assert "title" in node["if"], node["if"]
 
 
 # Refusals of the loader that a JSON Schema cannot express, and why.
@@ -139,10 +185,11 @@ BEYOND_A_SCHEMA = {
     "confirmation-of-nothing": "a key of the kind against keys of its versions",
     "confirmation-in-a-built-in-group": "whether a group is built in",
     "override-adds-it-to-a-custom-kind": "the rule of a kind in another file",
+    "no-kinds": "kinds may be defined by included files",
 }
 REFUSALS = [
-    *((case_id, text) for case_id, text, _ in test_loader.INVALID),
-    *((case_id, text) for case_id, text, _ in test_loader_immutable.REFUSED),
+    *((case[0], case[1]) for case in test_loader.INVALID),
+    *((case[0], case[1]) for case in test_loader_immutable.REFUSED),
 ]
 
 
@@ -166,7 +213,6 @@ def test_the_documents_the_refusals_are_made_from_validate() -> None:
     """Each refusal above is one edit of one of these: the schema refuses that edit."""
     for text in (
         test_loader.GOOD,
-        test_loader.CURRENT,
         test_loader_immutable.policy("resource.k8s.io"),
         test_loader_immutable.policy(
             "example.com", extra="    apiserverImmutableConfirmed: widgets.example.com\n"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import KindRule, load_policy, parse_policy
+from gatekeeper.policy import KindRule
 from gatekeeper.policy.model import AllocationPaths, Field, UnboundTokens
+from gatekeeper.policyfile import load_policy
 
 SLICES = """\
   - group: resource.k8s.io
@@ -101,113 +101,150 @@ def replaced(old: str, new: str, text: str = GOOD) -> str:
     return text.replace(old, new, 1)
 
 
+# (id, text, the message after "<file>:<line>: ", a text on the line it names)
 INVALID = [
     (
         "unknown-top-key",
         replaced("kind: Policy\n", "kind: Policy\nrules: []\n"),
-        "rules: unknown key",
+        "rules: unknown key (allowed: apiVersion, drivers, include, kind, kinds, overrides, "
+        "serviceAccounts, unboundTokens)",
+        "rules: []",
     ),
     (
         "unknown-kind-key",
         replaced("    scope: Cluster\n", "    scope: Cluster\n    owner: x\n"),
-        "kinds[0].owner: unknown key",
+        "kinds[0].owner: unknown key (allowed: apiserverImmutableConfirmed, encodings, fill, "
+        "group, kind, listSelector, poolSeparators, readAcrossNodes, resource, rule, scope, "
+        "subresources, validations, variables, verbs, versions)",
+        "owner: x",
     ),
     (
         "unknown-version-key",
         replaced("pool: spec.pool.name}", "pool: spec.pool.name, nodes: x}"),
-        "kinds[0].versions[0].nodes: unknown key",
+        "kinds[0].versions[0].nodes: unknown key (allowed: apiserverImmutable, driver, "
+        "fieldSelectors, forbidden, names, node, nodeSelector, pool, validations, variables) "
+        "(rule NodeLocal)",
+        "nodes: x",
     ),
     (
         "unknown-claim-version-key",
         replaced(
             "        deviceDriver: driver\n", "        deviceDriver: driver\n        pool: x\n"
         ),
-        "kinds[1].versions[0].pool: unknown key",
+        "kinds[1].versions[0].pool: unknown key (allowed: deviceDriver, devices, names, "
+        "nodeSelector, opaque, resultDriver, results, times, validations, variables) "
+        "(rule AllocatedToDriver)",
+        "pool: x",
     ),
     (
         "bad-path-empty-segment",
         replaced("driver: spec.driver", "driver: spec..driver"),
-        "kinds[0].versions[0].driver: bad field path 'spec..driver'",
+        "kinds[0].versions[0].driver: 'spec..driver' is not a field path: dotted plain field "
+        "names (spec.pool.name), no [0], no $ (rule NodeLocal)",
+        "spec..driver",
     ),
     (
         "bad-path-index",
         replaced("pool: spec.pool.name", "pool: 'spec.pools[0].name'"),
-        "kinds[0].versions[0].pool: bad field path",
+        "kinds[0].versions[0].pool: 'spec.pools[0].name' is not a field path",
+        "spec.pools[0]",
     ),
     (
         "bad-path-jsonpath-syntax",
         replaced("devices: status.devices", "devices: $.status.devices"),
-        "kinds[1].versions[0].devices: bad field path",
+        "kinds[1].versions[0].devices: '$.status.devices' is not a field path",
+        "devices: $.status",
     ),
     (
         "bad-path-not-a-string",
         replaced("node: spec.nodeName", "node: [spec, nodeName]"),
-        "kinds[0].versions[0].node: a field path must be a non-empty string",
+        "kinds[0].versions[0].node: must be a field path (rule NodeLocal)",
+        "[spec, nodeName]",
     ),
     (
         "kind-twice",
         HEAD + "kinds:\n" + SLICES + SLICES,
         "kinds[1]: resourceslices.resource.k8s.io is listed twice under rule NodeLocal",
+        "- group: resource.k8s.io",
     ),
     (
         "scope-neither",
         replaced("scope: Cluster", "scope: Node"),
         "kinds[0].scope: 'Node' is not one of Cluster, Namespaced",
+        "scope: Node",
     ),
     (
         "scope-lowercase",
         replaced("scope: Namespaced", "scope: namespaced"),
         "kinds[1].scope: 'namespaced' is not one of Cluster, Namespaced",
+        "scope: namespaced",
     ),
     (
         "unknown-rule",
         replaced("rule: NodeLocal", "rule: Anything"),
-        "kinds[0].rule: 'Anything' is not one of NodeLocal, AllocatedToDriver, OwnNode",
+        "kinds[0].rule: 'Anything' is not one of NodeLocal, AllocatedToDriver, OwnNode, OwnPod, "
+        "OnNode, DriverNamespace, CEL, DriverCredentials",
+        "rule: Anything",
     ),
     (
         "unknown-verb",
         replaced(
             "[get, list, watch, create, update, patch, delete, deletecollection]", "[get, proxy]"
         ),
-        'kinds[0].verbs: unknown verb "proxy" (allowed: get, list, watch, create, update, '
-        "patch, delete, deletecollection)",
+        "kinds[0].verbs[1]: 'proxy' is not one of get, list, watch, create, update, patch, "
+        "delete, deletecollection",
+        "[get, proxy]",
     ),
     (
         "missing-driver-path",
         replaced("driver: spec.driver, node", "node"),
-        "kinds[0].versions[0].driver: is required",
+        "kinds[0].versions[0].driver: is required (rule NodeLocal)",
+        "{names: [v1], node",
     ),
     (
         "missing-claim-path",
         replaced("        nodeSelector: status.allocation.nodeSelector\n", ""),
-        "kinds[1].versions[0].nodeSelector: is required (a JSON path) by rule AllocatedToDriver",
+        "kinds[1].versions[0].nodeSelector: is required (rule AllocatedToDriver)",
+        "- names: [v1]",
     ),
-    ("missing-scope", replaced("    scope: Cluster\n", ""), "kinds[0].scope: is required"),
+    (
+        "missing-scope",
+        replaced("    scope: Cluster\n", ""),
+        "kinds[0].scope: is required",
+        "- group: resource.k8s.io",
+    ),
     (
         "bad-version-name",
         replaced("names: [v1], driver", "names: [version1], driver"),
-        "kinds[0].versions[0].names[0]: 'version1' is not a valid value",
+        "kinds[0].versions[0].names[0]: 'version1' is not a version name (v1, v1beta2, "
+        "v1alpha3, …)",
+        "[version1]",
     ),
     (
         "bad-fill-field",
         replaced("    rule: NodeLocal\n", "    rule: NodeLocal\n    fill: [name]\n"),
-        "kinds[0].fill: 'name' is not one of driver, node, pool",
+        "kinds[0].fill[0]: 'name' is not one of driver, node, pool",
+        "fill: [name]",
     ),
     (
         "claims-create",
         replaced("verbs: [get, list, watch, update, patch]", "verbs: [get, create]"),
-        "kinds[1].verbs: rule AllocatedToDriver allows only get, list, patch, update, watch, "
-        "not create",
+        "kinds[1].verbs[1]: 'create' is not one of get, list, watch, update, patch "
+        "(rule AllocatedToDriver)",
+        "verbs: [get, create]",
     ),
     (
         "claims-writes-without-status",
         replaced("    subresources: [status]\n", ""),
-        "kinds[1].subresources: rule AllocatedToDriver writes only through the status subresource",
+        "kinds[1].subresources: is required: writes go only through the status subresource "
+        "(list [status], or drop update and patch from verbs) (rule AllocatedToDriver)",
+        "- group: resource.k8s.io",
     ),
     (
         "claims-other-subresource",
         replaced("subresources: [status]", "subresources: [status, binding]"),
-        "kinds[1].subresources: rule AllocatedToDriver allows only [status]",
+        "kinds[1].subresources[1]: must be status (rule AllocatedToDriver)",
+        "[status, binding]",
     ),
     (
         "claims-list-selector",
@@ -215,32 +252,38 @@ INVALID = [
             "    rule: AllocatedToDriver\n",
             "    rule: AllocatedToDriver\n    listSelector: Inject\n",
         ),
-        "kinds[1].listSelector: is not used by rule AllocatedToDriver",
+        "kinds[1].listSelector: is not allowed (rule AllocatedToDriver)",
+        "listSelector: Inject",
     ),
     (
         "claims-fill",
         replaced(
             "    rule: AllocatedToDriver\n", "    rule: AllocatedToDriver\n    fill: [driver]\n"
         ),
-        "kinds[1].fill: is not used by rule AllocatedToDriver",
+        "kinds[1].fill: is not allowed (rule AllocatedToDriver)",
+        "fill: [driver]",
     ),
     (
         "duplicate-yaml-key",
         replaced("    scope: Cluster\n", "    scope: Cluster\n    scope: Cluster\n"),
-        "duplicate key 'scope'",
+        "not valid YAML: duplicate key 'scope'",
+        "scope: Cluster",
     ),
-    ("empty-kinds", HEAD + "kinds: []\n", "kinds: must be a non-empty list"),
-    ("no-kinds", HEAD, "kinds: no kind is defined (here or in an included file)"),
+    ("empty-kinds", HEAD + "kinds: []\n", "kinds: must be a non-empty list", "kinds: []"),
+    (
+        "no-kinds",
+        HEAD,
+        "kinds: no kind is defined (here or in an included file): an empty policy would allow "
+        "nothing",
+        "",  # the policy as a whole: no line
+    ),
     (
         "wrong-api-version",
         replaced("dra-gatekeeper.io/v1alpha1", "v1"),
         "apiVersion: must be dra-gatekeeper.io/v1alpha1",
+        "apiVersion: v1",
     ),
-    (
-        "kind-missing",
-        replaced("kind: Policy\n", ""),
-        "kind: must be Policy",
-    ),
+    ("kind-missing", replaced("kind: Policy\n", ""), "kind: must be Policy", "apiVersion:"),
     # Versions: listed together where they share rules, each name once.
     (
         "versions-a-mapping",
@@ -248,7 +291,8 @@ INVALID = [
             "      - {names: [v1], driver: spec.driver, node: spec.nodeName, pool: spec.pool.name}",
             "      v1: {driver: spec.driver, node: spec.nodeName, pool: spec.pool.name}",
         ),
-        "kinds[0].versions: must be a non-empty list of {names: [<version>, …], <rules>}",
+        "kinds[0].versions: must be a list of {names: [<version>, …], <rules>}",
+        "versions:",
     ),
     (
         "versions-empty",
@@ -257,11 +301,13 @@ INVALID = [
             "    verbs: [get]\n    versions: []\n",
         ),
         "kinds[2].versions: must be a non-empty list",
+        "versions: []",
     ),
     (
         "version-named-twice-in-one-entry",
         replaced("names: [v1], driver", "names: [v1, v1], driver"),
-        "kinds[0].versions[0].names[1]: v1 is named twice (also at kinds[0].versions[0])",
+        "kinds[0].versions[0].names[1]: 'v1' is listed twice",
+        "[v1, v1]",
     ),
     (
         "version-named-twice-across-entries",
@@ -271,21 +317,25 @@ INVALID = [
             "      - {names: [v1], driver",
         ),
         "kinds[0].versions[1].names[0]: v1 is named twice (also at kinds[0].versions[0])",
+        "{names: [v1], driver",
     ),
     (
         "version-without-names",
         replaced("{names: [v1], driver", "{driver"),
-        "kinds[0].versions[0].names: is required (the versions these rules are for)",
+        "kinds[0].versions[0].names: is required",
+        "{driver: spec.driver",
     ),
     (
         "version-names-empty",
         replaced("names: [v1], driver", "names: [], driver"),
-        "kinds[0].versions[0].names: must name at least one version",
+        "kinds[0].versions[0].names: must be a non-empty list",
+        "names: []",
     ),
     (
         "version-names-not-a-list",
         replaced("names: [v1], driver", "names: v1, driver"),
-        "kinds[0].versions[0].names: must be a list of strings",
+        "kinds[0].versions[0].names: must be a list of version names",
+        "names: v1",
     ),
     (
         "version-entry-not-a-mapping",
@@ -294,54 +344,98 @@ INVALID = [
             "    verbs: [get]\n    versions: [v1]\n",
         ),
         "kinds[2].versions[0]: must be a mapping with names and the rules they share",
+        "versions: [v1]",
     ),
     (
-        "immutable-in-the-current-format",
+        # The first format's name of apiserverImmutable: that format is read no more.
+        "immutable",
         replaced("pool: spec.pool.name}", "pool: spec.pool.name, immutable: [driver]}"),
         "kinds[0].versions[0].immutable: unknown key",
+        "immutable: [driver]",
     ),
     (
         "bad-driver-name",
         replaced("drivers: [gpu.example.com]", "drivers: [GPU_driver]"),
-        "drivers[0]: 'GPU_driver' is not a DNS subdomain driver name",
+        "drivers[0]: 'GPU_driver' is not a driver name (a DNS subdomain of at most 63 "
+        'characters), or "*"',
+        "[GPU_driver]",
     ),
-    ("not-yaml", "kinds: [\n", "not valid YAML"),
+    (
+        "not-yaml",
+        replaced("kind: Policy\n", "kind: Policy: x\n"),
+        "not valid YAML: mapping values are not allowed here",
+        "kind: Policy: x",
+    ),
     (
         "service-account-twice",
         GOOD + "serviceAccounts:\n  gpu.example.com: [gpu/sa]\n  nic.example.com: [gpu/sa]\n",
         "serviceAccounts.nic.example.com[0]: gpu/sa is mapped to gpu.example.com already",
+        "nic.example.com: [gpu/sa]",
     ),
     (
         "service-account-not-namespaced",
         GOOD + "serviceAccounts: {gpu.example.com: [gpu-sa]}\n",
         "serviceAccounts.gpu.example.com[0]: 'gpu-sa' is not namespace/name",
+        "[gpu-sa]",
+    ),
+    (
+        "service-account-namespace-too-long",
+        GOOD + f"serviceAccounts: {{gpu.example.com: [{'n' * 64}/sa]}}\n",
+        "serviceAccounts.gpu.example.com[0]: 'nnnn",
+        "serviceAccounts:",
     ),
     (
         "service-account-bad-driver",
         GOOD + "serviceAccounts: {GPU: [gpu/sa]}\n",
-        "serviceAccounts.GPU: 'GPU' is not a DNS subdomain driver name",
+        "serviceAccounts.GPU: 'GPU' is not a driver name (a DNS subdomain of at most 63 "
+        "characters)",
+        "{GPU: [gpu/sa]}",
     ),
     (
         "service-accounts-a-list",
         GOOD + "serviceAccounts: [gpu/sa]\n",
         "serviceAccounts: must be a mapping",
+        "serviceAccounts: [gpu/sa]",
     ),
     (
         "unbound-tokens-unknown",
         GOOD + "unboundTokens: Sometimes\n",
         "unboundTokens: 'Sometimes' is not one of Refuse, Allow",
+        "unboundTokens: Sometimes",
+    ),
+    (
+        "a-test-file",
+        "policy: packaged:default\nnode: node-a\ncases:\n  - name: x\n",
+        "cases: this is a policy test file (it lists cases), not a policy: a policy says "
+        "`kind: Policy`; run a test file with `dra-gatekeeper test`",
+        "cases:",
     ),
 ]
 
 
-@pytest.mark.parametrize(("text", "message"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
-def test_invalid_policies_are_refused_at_load(tmp_path: Path, text: str, message: str) -> None:
+def refusal(path: str, error: str, text: str) -> tuple[str, str]:
+    """(the text of the line an error names, the rest of the message); the error starts with
+    the file and the line (``path:12: …``), or the file alone for the policy as a whole."""
+    assert error.startswith(f"{path}:"), error  # the file first
+    if error.startswith(f"{path}: "):
+        return "", error.removeprefix(f"{path}: ")
+    line, _, rest = error.removeprefix(f"{path}:").partition(": ")
+    return text.splitlines()[int(line) - 1], rest
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "marker"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID]
+)
+def test_invalid_policies_are_refused_at_load(
+    tmp_path: Path, text: str, message: str, marker: str
+) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as caught:
         load_policy(path)
     error = str(caught.value)
-    assert error.startswith(f"{path}: "), error  # the file first
-    assert message in error, error
+    line, rest = refusal(path, error, text)
+    assert rest.startswith(message), error
+    assert marker in line, (error, line)
     assert "\n" not in error  # one line (DESIGN §4.1)
 
 
@@ -351,17 +445,24 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
         load_policy(str(missing))
 
 
-def test_yaml_errors_name_the_file_and_unknown_verbs_list_the_allowed(tmp_path: Path) -> None:
+def test_yaml_errors_name_the_file_and_line_and_unknown_verbs_each_their_place(
+    tmp_path: Path,
+) -> None:
     path = write(tmp_path, "kinds: [\n")
     with pytest.raises(ConfigError) as caught:
         load_policy(path)
-    assert f'in "{path}", line' in str(caught.value)
+    assert str(caught.value).startswith(f"{path}:2: not valid YAML: ")
     assert "<unicode string>" not in str(caught.value)
     text = replaced(
         "[get, list, watch, create, update, patch, delete, deletecollection]", "[lists, gets]"
     )
-    with pytest.raises(ConfigError, match=r'unknown verbs "gets", "lists" \(allowed: get, list,'):
-        load_policy(write(tmp_path, text))
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_policy(path)
+    assert str(caught.value) == (
+        f"{path}:10: kinds[0].verbs[0]: 'lists' is not one of get, list, watch, create, update, "
+        "patch, delete, deletecollection"
+    )
 
 
 # Every kind names its verbs: none are implied (a NodeLocal kind once got every verb,
@@ -380,9 +481,11 @@ def test_a_kind_without_verbs_is_refused(tmp_path: Path, verbs: str, index: int)
     path = write(tmp_path, replaced(f"    verbs: {verbs}\n", ""))
     with pytest.raises(ConfigError) as caught:
         load_policy(path)
+
+    line = [i for i, t in enumerate(GOOD.splitlines(), 1) if t.startswith("  - group:")][index]
     assert str(caught.value) == (
-        f"{path}: kinds[{index}].verbs: is required: the verbs drivers may use on this kind "
-        "(e.g. [get, list, watch]); no verbs are implied"
+        f"{path}:{line}: kinds[{index}].verbs: is required: the verbs drivers may use on this "
+        "kind (e.g. [get, list, watch]); no verbs are implied"
     )
 
 
@@ -398,121 +501,3 @@ def test_versions_listed_together_share_one_rule_set(tmp_path: Path) -> None:
     assert slices is not None and list(slices.versions) == ["v1beta1", "v1beta2", "v1"]
     assert slices.versions["v1beta1"] == slices.versions["v1"]
     assert slices.versions["v1"].paths[Field.POOL] == ("spec", "pool", "name")
-
-
-# The first format (apiVersion gatekeeper.dra.k8s.io/v1alpha1, or none): versions as a mapping
-# (shared through YAML anchors), `immutable`. Still read, with one notice per deprecation.
-LEGACY = """\
-apiVersion: gatekeeper.dra.k8s.io/v1alpha1
-kind: Policy
-drivers: [gpu.example.com]
-kinds:
-  - group: resource.k8s.io
-    resource: resourceslices
-    kind: ResourceSlice
-    scope: Cluster
-    rule: NodeLocal
-    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
-    versions:
-      v1beta2: &spec
-        driver: spec.driver
-        node: spec.nodeName
-        pool: spec.pool.name
-        immutable: [driver, node, pool]
-      v1: *spec
-"""
-CURRENT = """\
-apiVersion: dra-gatekeeper.io/v1alpha1
-kind: Policy
-drivers: [gpu.example.com]
-kinds:
-  - group: resource.k8s.io
-    resource: resourceslices
-    kind: ResourceSlice
-    scope: Cluster
-    rule: NodeLocal
-    verbs: [get, list, watch, create, update, patch, delete, deletecollection]
-    versions:
-      - names: [v1beta2, v1]
-        driver: spec.driver
-        node: spec.nodeName
-        pool: spec.pool.name
-        apiserverImmutable: [driver, node, pool]
-"""
-
-
-def notices(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "gatekeeper.policy"]
-
-
-def test_a_deprecated_file_loads_as_its_current_form_with_one_notice_each(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, "gatekeeper.policy")
-    current = load_policy(write(tmp_path, CURRENT))
-    assert notices(caplog) == []
-    path = str(tmp_path / "old.yaml")
-    Path(path).write_text(LEGACY)
-    legacy = load_policy(path)
-    assert legacy.kinds == current.kinds
-    assert legacy.kinds[("resource.k8s.io", "resourceslices")].versions["v1"].owner_fields_immutable
-    assert notices(caplog) == [
-        f"{path}: apiVersion gatekeeper.dra.k8s.io/v1alpha1 is deprecated: read in the old "
-        "format; write `apiVersion: dra-gatekeeper.io/v1alpha1` with versions listed as "
-        "[{names: […], …}] (README, The policy file)",
-        f"{path}: `immutable` is deprecated: rename it `apiserverImmutable` "
-        "(kinds[0].versions.v1beta2, kinds[0].versions.v1)",
-    ]
-    assert all(r.levelno == logging.WARNING for r in caplog.records)
-
-
-def test_a_file_without_api_version_is_read_in_the_deprecated_format(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, "gatekeeper.policy")
-    path = write(tmp_path, LEGACY.replace("apiVersion: gatekeeper.dra.k8s.io/v1alpha1\n", ""))
-    assert load_policy(path).kinds == parse_policy(CURRENT).kinds
-    assert notices(caplog)[0].startswith(f"{path}: no apiVersion: read in the old format; write")
-
-
-DEPRECATED_INVALID = [
-    (
-        "both-names",
-        LEGACY.replace(
-            "immutable: [driver, node, pool]",
-            "immutable: [driver, node, pool]\n        apiserverImmutable: [driver]",
-        ),
-        "kinds[0].versions.v1beta2.immutable: is the deprecated name of apiserverImmutable: "
-        "give one of them",
-    ),
-    (
-        "list-form",
-        LEGACY.replace("      v1beta2: &spec\n", "      - names: [v1beta2]\n").replace(
-            "      v1: *spec\n", ""
-        ),
-        "kinds[0].versions: must be a non-empty mapping of version to field paths",
-    ),
-    (
-        "verbs-still-required",
-        LEGACY.replace(
-            "    verbs: [get, list, watch, create, update, patch, delete, deletecollection]\n", ""
-        ),
-        "kinds[0].verbs: is required",
-    ),
-    (
-        "bad-version-name",
-        LEGACY.replace("      v1: *spec", "      one: *spec"),
-        "kinds[0].versions.one: 'one' is not a valid value",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [c[1:] for c in DEPRECATED_INVALID],
-    ids=[c[0] for c in DEPRECATED_INVALID],
-)
-def test_deprecated_files_are_checked_as_strictly(text: str, message: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_policy(text, "old.yaml")
-    assert str(caught.value).startswith(f"old.yaml: {message}"), str(caught.value)
