@@ -26,8 +26,8 @@ from gatekeeper.apiserver import resource_slice
 from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.codec.kubeproto import PROTOBUF
 from gatekeeper.testing.harness import free_port
-from tests.codec.test_kubeproto import body as protobuf_envelope
-from tests.codec.test_kubeproto import field, number
+from gatekeeper.testing.protobuf import envelope as protobuf_envelope
+from gatekeeper.testing.protobuf import field, number
 
 __all__ = [
     "COUNTER_WIDTH",

@@ -1,5 +1,6 @@
 """Every bound that keeps one driver from hurting another (docs/operating.md, "Limits"): the
-values, their ``serve`` flags, and their fit to the descriptor limit.
+values and their fit to the descriptor limit (their ``serve`` flags:
+:mod:`gatekeeper.server.flags`).
 
 A leaf value read by every stage: the per-driver budgets are counted in
 :mod:`gatekeeper.proxy.budgets`, connections capped in :mod:`gatekeeper.listen.connections`, the
@@ -8,11 +9,10 @@ upstream pools sized in :mod:`gatekeeper.upstream.session`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import resource
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.listenerkind import ListenerKind
@@ -20,10 +20,8 @@ from gatekeeper.listenerkind import ListenerKind
 __all__ = [
     "DEFAULT_LIMITS",
     "Limits",
-    "add_limit_arguments",
     "descriptor_budget",
     "fit_to_descriptors",
-    "limits_from_flags",
 ]
 
 log = logging.getLogger("gatekeeper.limits")
@@ -102,80 +100,13 @@ class Limits:
 
     def check(self) -> Limits:
         """This value, or ConfigError naming the first bound that is not positive."""
-        for name in self.__dataclass_fields__:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"limit {name} must be positive, not {getattr(self, name)}")
+        for name, value in asdict(self).items():
+            if value <= 0:
+                raise ConfigError(f"limit {name} must be positive, not {value}")
         return self
 
 
 DEFAULT_LIMITS = Limits()
-
-# flag -> (Limits field, help); defaults come from Limits.
-_FLAGS = {
-    "--max-requests-per-driver": ("inflight_per_driver", "requests of one driver served at once"),
-    "--max-watches-per-driver": ("watches_per_driver", "open watches of one driver"),
-    "--max-filtered-reads-per-driver": (
-        "filtered_reads_per_driver",
-        "filtered lists and watch primes of one driver read at once",
-    ),
-    "--max-connections-per-driver": ("connections_per_driver", "connections of one driver"),
-    "--max-connections": ("connections_total", "connections of all drivers, per listener kind"),
-    "--max-unauthenticated-connections": (
-        "connections_unauthenticated",
-        "connections that are no driver's yet (TLS handshakes), per listener kind",
-    ),
-    "--max-health-connections": ("health_connections", "connections to the health listener"),
-    "--header-timeout": ("header_timeout", "seconds to receive a request's headers"),
-    "--body-timeout": ("body_timeout", "seconds to receive a request body (then 408)"),
-    "--keepalive-timeout": ("keepalive_timeout", "seconds an idle connection stays open"),
-    "--upstream-wait": ("upstream_wait", "seconds to wait for an upstream connection (then 503)"),
-    "--upstream-connections": ("upstream_requests", "upstream connections for requests"),
-    "--upstream-watch-connections": ("upstream_watches", "upstream connections for watches"),
-    "--upstream-review-connections": (
-        "upstream_reviews",
-        "upstream connections for TokenReviews (the token listener)",
-    ),
-    "--upstream-connect-timeout": ("upstream_connect_timeout", "seconds to connect upstream"),
-    "--upstream-timeout": ("upstream_timeout", "seconds an upstream answer may stall (504)"),
-    "--max-token-reviews": (
-        "token_reviews",
-        "TokenReviews per second for callers no driver's token vouched for yet, whole process",
-    ),
-    "--max-token-reviews-per-source": (
-        "token_reviews_per_source",
-        "TokenReviews per second for such callers from one source address (IPv6: one /64)",
-    ),
-    "--max-token-reviews-per-connection": (
-        "token_reviews_per_connection",
-        "TokenReviews per second on one token listener connection",
-    ),
-    "--max-token-refusals-per-connection": (
-        "token_refusals_per_connection",
-        "answers per second to refused requests on one token listener connection (then held)",
-    ),
-    "--max-token-reviews-per-driver": (
-        "token_reviews_per_driver",
-        "TokenReviews per second kept for each driver's own tokens, connections and addresses",
-    ),
-}
-
-
-def add_limit_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """The ``serve`` flags for every limit (README, "Limits")."""
-    for flag, (name, what) in _FLAGS.items():
-        default = getattr(DEFAULT_LIMITS, name)
-        parser.add_argument(
-            flag, type=type(default), default=default,
-            metavar="SECONDS" if what.startswith("seconds") else "N",
-            help=f"{what} (default {default:g})",
-        )  # fmt: skip
-
-
-def limits_from_flags(namespace: argparse.Namespace) -> Limits:
-    """The Limits the ``serve`` flags ask for (checked; not yet fitted to descriptors)."""
-    values = {name: getattr(namespace, flag[2:].replace("-", "_")) for flag, (name, _) in
-              _FLAGS.items()}  # fmt: skip
-    return replace(DEFAULT_LIMITS, **values).check()
 
 
 def descriptor_budget(limits: Limits, listeners: Collection[ListenerKind]) -> int:

@@ -15,7 +15,6 @@ __all__ = [
     "POD_NAME_EXTRA",
     "POD_UID_EXTRA",
     "Identity",
-    "JSONValue",
     "KubeObject",
     "UserInfo",
 ]
@@ -32,8 +31,6 @@ _SA_PREFIX = "system:serviceaccount:"
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded JSON. The gatekeeper never compiles in API types."""
-
-JSONValue = Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from typing import Any
 
 from bench.fixtures import (
@@ -73,3 +75,37 @@ def _recording(prefix: str) -> dict[str, Any]:
 
 def _body(recording: dict[str, Any]) -> bytes:
     return base64.b64decode(recording["request_body"])
+
+
+REAL_TIER = {"realcluster_latency", "token_flood_bench"}
+"""Benchmarks of the real tier: they drive its harness (tests/realcluster), a test tier."""
+
+_BLOCKED = """
+import importlib, sys
+class _NoTests:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tests", "pytest", "hypothesis"):
+            raise ImportError(f"{name}: the benchmark imports no test module")
+sys.meta_path.insert(0, _NoTests())
+sys.path.insert(0, sys.argv[1])
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+"""
+
+
+def test_the_benchmark_imports_no_test_module() -> None:
+    """bench/ runs from the package and its own fixtures: with tests/, pytest and hypothesis
+    not importable, every benchmark module (the real tier's aside) still imports."""
+    modules = sorted(
+        f"bench.{path.stem}"
+        for path in (ROOT / "bench").glob("*.py")
+        if path.stem not in REAL_TIER
+    )
+    assert "bench.fixtures" in modules and "bench.run" in modules
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCKED, str(ROOT), *modules],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

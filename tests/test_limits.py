@@ -99,18 +99,18 @@ def test_serve_fits_its_limits_to_the_listeners_it_has(tmp_path: Path, pki: PKI)
         "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
     config = build_serve_config(
-        node_name="node-a",
-        policy_path=str(policy),
-        drivers=[],
-        kubeconfig=str(kubeconfig),
-        upstream=None,
-        socket_dir=str(tmp_path / "sockets"),
-        listen="127.0.0.1:0",
-        listen_token="127.0.0.1:0",
-        tls_cert_file=pki.path("server.crt"),
-        tls_key_file=pki.path("server.key"),
-        client_ca_file=pki.path("ca.crt"),
-        health_listen="127.0.0.1:0",
+        {
+            "node_name": "node-a",
+            "policy": str(policy),
+            "kubeconfig": str(kubeconfig),
+            "socket_dir": str(tmp_path / "sockets"),
+            "listen": "127.0.0.1:0",
+            "listen_token": "127.0.0.1:0",
+            "tls_cert_file": pki.path("server.crt"),
+            "tls_key_file": pki.path("server.key"),
+            "client_ca_file": pki.path("ca.crt"),
+            "health_listen": "127.0.0.1:0",
+        },
         environ={},
     )
     assert config.listener_kinds == EVERY_KIND

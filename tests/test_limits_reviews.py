@@ -9,17 +9,21 @@ from dataclasses import replace
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.limits import DEFAULT_LIMITS, add_limit_arguments, fit_to_descriptors
-from gatekeeper.limits import limits_from_flags as from_flags
+from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
 from gatekeeper.listenerkind import ListenerKind
+from gatekeeper.server.flags import add_serve_flags, limits_from, read_flags
 
 TOKEN_LISTENER = {ListenerKind.TOKEN, ListenerKind.HEALTH}
 
 
 def parse(*args: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_limit_arguments(parser)
+    add_serve_flags(parser)
     return parser.parse_args(args)
+
+
+def from_flags(namespace: argparse.Namespace) -> Limits:
+    return limits_from(read_flags(vars(namespace)))
 
 
 def test_review_bounds_are_flags_with_their_defaults() -> None:

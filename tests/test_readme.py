@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -75,7 +75,7 @@ def _fresh_clone(tmp_path: Path) -> Path:
             continue  # deleted in the work tree, not yet committed
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, clone / name)
-    (clone / ".venv").symlink_to(Path(sys.executable).parents[1])
+    (clone / ".venv").symlink_to(Path(sysconfig.get_path("scripts")).parent)
     return clone
 
 

@@ -124,8 +124,9 @@ def prepare_create(
     """The object to store for a create: system metadata set, name generated if asked.
 
     ``reset_status`` drops ``.status`` for kinds with a status subresource, as the
-    apiserver's strategies do on create. ``seeding`` (:meth:`APIServer.add`) keeps a given
-    uid, creationTimestamp, generation and deletion fields and ignores a resourceVersion.
+    apiserver's strategies do on create. ``seeding``
+    (:meth:`~gatekeeper.apiserver.server.APIServer.add`) keeps a given uid, creationTimestamp,
+    generation and deletion fields and ignores a resourceVersion.
     """
     out = deep(copy.deepcopy, obj)
     meta = out.get("metadata")

@@ -32,7 +32,6 @@ __all__ = [
     "apply_patch",
     "merge_patch",
     "parse_patch",
-    "patch_resource_version",
 ]
 
 MERGE: Final = "application/merge-patch+json"
@@ -65,16 +64,6 @@ def parse_patch(content_type: str, body: bytes) -> tuple[str, Any]:
     elif not isinstance(doc, dict):
         raise bad_request("json: cannot unmarshal the patch into an object")
     return patch_type, doc
-
-
-def patch_resource_version(patch_type: str, patch: Any) -> str | None:
-    """The ``metadata.resourceVersion`` precondition a merge-style patch body carries, if any."""
-    if patch_type == JSON_PATCH or not isinstance(patch, dict):
-        return None
-    meta = patch.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("resourceVersion"), str):
-        return meta["resourceVersion"] or None
-    return None
 
 
 def apply_patch(patch_type: str, patch: Any, current: KubeObject) -> KubeObject:

@@ -43,7 +43,7 @@ def backup_files(path: str | Path) -> list[Path]:
 class RotatingFile:
     """Appends whole lines to ``path`` (or to stdout for ``-``), rotating by size.
 
-    Not thread-safe: one writer thread owns it. :meth:`write_lines` queues lines and writes
+    Not thread-safe: one writer thread owns it. :meth:`add` queues lines, :meth:`flush` writes
     them; on ``OSError`` nothing is lost or duplicated — call :meth:`flush` again to resume.
     """
 
@@ -69,11 +69,6 @@ class RotatingFile:
     def add(self, lines: list[bytes]) -> None:
         """Queue ``lines`` (each ending in ``\\n``) for the next :meth:`flush`."""
         self._lines.extend(lines)
-
-    def write_lines(self, lines: list[bytes]) -> None:
-        """Queue ``lines`` and write everything pending."""
-        self.add(lines)
-        self.flush()
 
     def flush(self) -> None:
         """Write every pending line; raises OSError with the remainder kept for a retry."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from gatekeeper import __version__
 from gatekeeper.errors import ConfigError
-from gatekeeper.limits import add_limit_arguments, limits_from_flags
+from gatekeeper.server.flags import add_serve_flags
 from gatekeeper.server.runtime import run
 from gatekeeper.usage import UsageParser
 
@@ -60,167 +60,6 @@ _SERVE_DESCRIPTION = (
     "HOST:PORT with --tls-cert-file, --tls-key-file and --client-ca-file. Every flag and file "
     "is checked before anything listens (exit 2 with one line on a problem)."
 )
-_Group = argparse._ArgumentGroup
-
-
-def _add_serve_arguments(serve: argparse.ArgumentParser) -> None:
-    _add_source_arguments(serve.add_argument_group("this node, its policy and upstream"))
-    _add_tls_arguments(serve.add_argument_group("listeners (at least one is required)"))
-    add_limit_arguments(serve.add_argument_group("limits (README, Limits)"))
-    _add_output_arguments(serve.add_argument_group("audit, health and lifecycle"))
-
-
-def _add_source_arguments(serve: _Group) -> None:
-    """This node, its drivers and policy, the upstream's credentials, the driver sockets."""
-    add = serve.add_argument
-    add("--node-name", metavar="NAME", help="this node's name; required (default: env NODE_NAME)")
-    add(
-        "--policy",
-        metavar="FILE",
-        help="policy file, reloaded when it or a file it includes changes (default: the "
-        "packaged policy, packaged:default)",
-    )
-    add(
-        "--driver",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="allow this driver too (repeatable; default: the policy's drivers only)",
-    )
-    add(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig with the node's credentials (default: env KUBECONFIG, else the "
-        "in-cluster service account)",
-    )
-    add(
-        "--node-label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a label of this node, for claims allocated by label (repeatable; default: "
-        "kubernetes.io/hostname=<node name>)",
-    )
-    add(
-        "--upstream",
-        metavar="URL",
-        help="the API server URL (default: the kubeconfig's server)",
-    )
-
-
-def _add_tls_arguments(serve: _Group) -> None:
-    """The listeners: service-account tokens, driver sockets, and mTLS, with their files."""
-    _add_token_arguments(serve)
-    add = serve.add_argument
-    add(
-        "--socket-dir",
-        metavar="DIR",
-        help="listen on DIR/<driver>/api.sock for each driver (default: no socket listener)",
-    )
-    add(
-        "--socket-group",
-        metavar="GROUP",
-        help="group (name or gid) owning the driver sockets (0660) and directories (0750), "
-        "so a non-root driver in that group can connect (default: the process's group)",
-    )
-    add(
-        "--listen",
-        metavar="HOST:PORT",
-        help="the mTLS listener, driver = client certificate CN (default: none)",
-    )
-    add(
-        "--tls-cert-file",
-        metavar="FILE",
-        help="the TLS listeners' serving certificate (PEM), reloaded; required with --listen "
-        "and --listen-token",
-    )
-    add(
-        "--tls-key-file",
-        metavar="FILE",
-        help="the serving certificate's private key (PEM), reloaded; required with --listen "
-        "and --listen-token",
-    )
-    add(
-        "--client-ca-file",
-        metavar="FILE",
-        help="CA that signs driver client certificates (PEM), reloaded; required with --listen",
-    )
-
-
-def _add_token_arguments(serve: _Group) -> None:
-    """The token listener: drivers identified by their service-account tokens."""
-    add = serve.add_argument
-    add(
-        "--listen-token",
-        metavar="HOST:PORT",
-        help="the token listener (TLS): driver = the service account of its bearer token, by "
-        "TokenReview, mapped under serviceAccounts in the policy (default: none)",
-    )
-    add(
-        "--token-audience",
-        action="append",
-        default=[],
-        metavar="AUDIENCE",
-        help="review tokens for this audience (repeatable; default: the apiserver's own, "
-        "which in-cluster tokens carry)",
-    )
-    add(
-        "--token-cache-ttl",
-        type=float,
-        default=2.0,
-        metavar="SECONDS",
-        help="reuse a positive TokenReview this long at most (counted from when it was asked), "
-        "never past the token's expiry: the most a token works after the apiserver stopped "
-        "accepting it (default: 2; at most 10)",
-    )
-
-
-def _add_output_arguments(serve: _Group) -> None:
-    """Audit log, health listener, shutdown and certificate-expiry warnings."""
-    add = serve.add_argument
-    add(
-        "--audit-log",
-        metavar="FILE",
-        help="audit log file, or - for stdout (default: none, nothing is audited)",
-    )
-    add(
-        "--audit-level",
-        metavar="LEVEL",
-        help="Metadata, Request or RequestResponse; needs --audit-log (default Metadata)",
-    )
-    add(
-        "--audit-log-maxsize",
-        type=int,
-        default=0,
-        metavar="MB",
-        help="rotate the audit log at this many MB (default 0: never)",
-    )
-    add(
-        "--audit-log-maxbackup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="rotated logs to keep (default 0: all)",
-    )
-    add(
-        "--health-listen",
-        metavar="HOST:PORT",
-        help="serve /healthz, /readyz and /metrics here (default: none)",
-    )
-    add(
-        "--shutdown-grace-period",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="on SIGTERM, time in-flight requests get to finish (default 30)",
-    )
-    add(
-        "--cert-expiry-warning",
-        type=float,
-        default=30.0,
-        metavar="DAYS",
-        help="warn when the serving certificate or client CA expires within this (default 30)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
     )
-    _add_serve_arguments(
+    add_serve_flags(
         commands.add_parser(
             "serve", help="run the gatekeeper on this node", description=_SERVE_DESCRIPTION
         )
@@ -270,32 +109,8 @@ def _serve(ns: argparse.Namespace) -> int:
     from gatekeeper.server.config import build_serve_config
     from gatekeeper.server.server import GatekeeperServer, run_until_signal
 
-    config = build_serve_config(
-        node_name=ns.node_name,
-        policy_path=ns.policy,
-        drivers=ns.driver,
-        node_labels=ns.node_label,
-        kubeconfig=ns.kubeconfig,
-        upstream=ns.upstream,
-        socket_dir=ns.socket_dir,
-        listen=ns.listen,
-        tls_cert_file=ns.tls_cert_file,
-        tls_key_file=ns.tls_key_file,
-        client_ca_file=ns.client_ca_file,
-        listen_token=ns.listen_token,
-        token_audiences=ns.token_audience,
-        token_cache_ttl=ns.token_cache_ttl,
-        audit_log=ns.audit_log,
-        audit_level=ns.audit_level,
-        audit_max_size_mb=ns.audit_log_maxsize,
-        audit_max_backups=ns.audit_log_maxbackup,
-        health_listen=ns.health_listen,
-        shutdown_grace=ns.shutdown_grace_period,
-        cert_expiry_warning_days=ns.cert_expiry_warning,
-        socket_group=ns.socket_group,
-        limits=limits_from_flags(ns),
-        environ=os.environ,
-    )
+    flags = {key: value for key, value in vars(ns).items() if key != "command"}
+    config = build_serve_config(flags, environ=os.environ)
     server = GatekeeperServer(config)
     run(run_until_signal(server.start, server.stop, server.reloader.reload))
     return 0

@@ -19,6 +19,8 @@ from typing import Any, Final
 
 import orjson
 
+from gatekeeper.codec.jsoncodec import orjson_exact
+
 __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_OBJECT_DEPTH",
@@ -103,12 +105,13 @@ def parse_bounded(text: str | bytes | bytearray, *, limit: int = MAX_OBJECT_DEPT
 
     Raises ``ValueError`` on invalid JSON. Skipped subtrees are bracket-matched, not validated.
     """
-    try:
-        # Fast path: orjson (5 to 10 times the standard library) takes all but >1,024 levels,
-        # >64-bit integers and NaN; the standard library then tries, then the walker.
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        pass
+    if orjson_exact(text):
+        try:
+            # Fast path: orjson (5 to 10 times the standard library) takes all but >1,024
+            # levels and NaN; the standard library then tries, then the walker.
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
     try:

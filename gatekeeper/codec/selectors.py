@@ -1,30 +1,26 @@
-"""Field and label selectors, parsed and matched exactly as the kube-apiserver does (pure, no I/O).
+"""Field selectors parsed and written exactly as the kube-apiserver does, and label checks
+(pure, no I/O).
 
 Field selectors follow ``k8s.io/apimachinery/pkg/fields``: terms split on unescaped ``,``;
 operators ``!=``, ``==`` (normalized to ``=``) and ``=``; values unescaped with the only
-escapes the apiserver knows: ``\\\\``, ``\\,`` and ``\\=``. Label selectors follow
-``k8s.io/apimachinery/pkg/labels``.
+escapes the apiserver knows: ``\\\\``, ``\\,`` and ``\\=``. Labels (``--node-label``) are
+checked as ``k8s.io/apimachinery/pkg/util/validation`` does.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gatekeeper.names import is_dns_subdomain
 
 __all__ = [
     "FieldRequirement",
-    "LabelRequirement",
-    "LabelSelector",
     "check_label",
     "escape_field_value",
     "format_field_selector",
-    "matches_fields",
-    "matches_labels",
     "parse_field_selector",
-    "parse_label_selector",
 ]
 
 
@@ -124,36 +120,11 @@ def format_field_selector(reqs: Iterable[FieldRequirement]) -> str:
     return ",".join(parts)
 
 
-def matches_fields(reqs: Iterable[FieldRequirement], values: Mapping[str, str]) -> bool:
-    """True if every requirement holds; an absent field counts as ``""`` (as the apiserver)."""
-    for req in reqs:
-        actual = values.get(req.field, "")
-        if (actual == req.value) != (req.operator != "!="):
-            return False
-    return True
+# --- labels -------------------------------------------------------------------------------
 
-
-# --- label selectors -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
-    """One label selector requirement.
-
-    ``operator`` is one of ``=``, ``!=``, ``in``, ``notin``, ``exists``, ``!`` (does not
-    exist), ``gt``, ``lt``; ``values`` holds the operand(s), empty for ``exists``/``!``.
-    """
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-LabelSelector = tuple[LabelRequirement, ...]
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _NAME_RE = re.compile(rf"^{_NAME}$")
-_TOKEN_RE = re.compile(r"\s*(!=|==|=|!|\(|\)|,|<|>|[^\s!=(),<>]+)")
 
 
 def _check_key(key: str) -> None:
@@ -179,125 +150,3 @@ def _check_value(value: str) -> None:
             f"invalid label value {value!r}: must be empty or at most 63 characters of "
             "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
         )
-
-
-def _tokenize(text: str) -> list[str]:
-    tokens: list[str] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        match = _TOKEN_RE.match(text, pos)
-        if match is None:  # pragma: no cover - the pattern matches any non-blank text
-            raise ValueError(f"unable to parse label selector {text!r} at {pos}")
-        tokens.append(match.group(1))
-        pos = match.end()
-    return tokens
-
-
-class _LabelParser:
-    """A small recursive-descent parser over the tokens of one label selector."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens = _tokenize(text)
-        self.pos = 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self) -> str:
-        token = self.peek()
-        if token is None:
-            raise ValueError(f"unable to parse requirement: unexpected end of {self.text!r}")
-        self.pos += 1
-        return token
-
-    def parse(self) -> LabelSelector:
-        reqs: list[LabelRequirement] = []
-        while self.peek() is not None:
-            reqs.append(self.requirement())
-            token = self.peek()
-            if token is None:
-                break
-            if token != ",":
-                raise ValueError(f"unable to parse requirement: expected ',' but found {token!r}")
-            self.take()
-            if self.peek() is None:
-                raise ValueError(f"unable to parse requirement: trailing ',' in {self.text!r}")
-        return tuple(reqs)
-
-    def requirement(self) -> LabelRequirement:
-        token = self.take()
-        if token == "!":
-            key = self.take()
-            _check_key(key)
-            return LabelRequirement(key, "!")
-        key = token
-        _check_key(key)
-        nxt = self.peek()
-        if nxt is None or nxt == ",":
-            return LabelRequirement(key, "exists")
-        op = self.take()
-        if op in ("=", "==", "!="):
-            value = "" if self.peek() in (None, ",") else self.take()
-            _check_value(value)
-            return LabelRequirement(key, "!=" if op == "!=" else "=", (value,))
-        if op in ("in", "notin"):
-            return LabelRequirement(key, op, self.value_set())
-        if op in ("<", ">"):
-            value = self.take()
-            if not re.fullmatch(r"-?[0-9]+", value):
-                raise ValueError(f"unable to parse requirement: {value!r} is not an integer")
-            return LabelRequirement(key, "lt" if op == "<" else "gt", (value,))
-        raise ValueError(f"unable to parse requirement: unknown operator {op!r} after {key!r}")
-
-    def value_set(self) -> tuple[str, ...]:
-        if self.take() != "(":
-            raise ValueError("unable to parse requirement: expected '(' after in/notin")
-        values: list[str] = []
-        while True:
-            token = self.take()
-            if token == ")" and not values:
-                raise ValueError("unable to parse requirement: in/notin needs at least one value")
-            if token in (",", ")"):  # an empty value: "(a,,b)" or "(a,)"
-                values.append("")
-            else:
-                _check_value(token)
-                values.append(token)
-                token = self.take()
-            if token == ")":
-                return tuple(values)
-            if token != ",":
-                raise ValueError(f"unable to parse requirement: unexpected {token!r} in value set")
-
-
-def parse_label_selector(text: str) -> LabelSelector:
-    """Parse a ``labelSelector`` query value; ``""`` → ``()``; ValueError on bad syntax."""
-    return _LabelParser(text).parse()
-
-
-def _requirement_matches(req: LabelRequirement, labels: Mapping[str, str]) -> bool:
-    present = req.key in labels
-    value = labels.get(req.key, "")
-    if req.operator == "exists":
-        return present
-    if req.operator == "!":
-        return not present
-    if req.operator in ("=", "in"):
-        return present and value in req.values
-    if req.operator in ("!=", "notin"):
-        return not present or value not in req.values
-    if req.operator in ("gt", "lt"):
-        if not present or not re.fullmatch(r"-?[0-9]+", value):
-            return False
-        have, want = int(value), int(req.values[0])
-        return have > want if req.operator == "gt" else have < want
-    raise ValueError(f"unknown label selector operator {req.operator!r}")
-
-
-def matches_labels(selector: LabelSelector | str, labels: Mapping[str, str] | None) -> bool:
-    """True if ``labels`` satisfies every requirement (a string selector is parsed first)."""
-    reqs = parse_label_selector(selector) if isinstance(selector, str) else selector
-    have = labels or {}
-    return all(_requirement_matches(req, have) for req in reqs)

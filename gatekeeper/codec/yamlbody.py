@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from yaml.events import (
     AliasEvent,
+    CollectionStartEvent,
     DocumentStartEvent,
     MappingEndEvent,
     MappingStartEvent,
@@ -103,11 +104,11 @@ def load_json_yaml(
 
 def _screen(event: Any, depth: int, max_depth: int) -> None:
     where = f"line {event.start_mark.line + 1}, column {event.start_mark.column + 1}"
-    if isinstance(event, AliasEvent) or getattr(event, "anchor", None) is not None:
+    if isinstance(event, AliasEvent) or (isinstance(event, NodeEvent) and event.anchor is not None):
         # SECURITY: an alias can expand a few hundred bytes into gigabytes (a "billion laughs")
         # after the size check; JSON has no aliases, so none are accepted.
         raise YAMLBodyError(f"request body uses a YAML anchor or alias ({where}): not accepted")
-    tag = getattr(event, "tag", None)
+    tag = event.tag if isinstance(event, CollectionStartEvent | ScalarEvent) else None
     if tag is not None and tag not in _SCALAR_TAGS | {_MAP_TAG, _SEQ_TAG, "!"}:
         raise YAMLBodyError(
             f"request body uses the YAML tag {tag} ({where}): only JSON's types are accepted"

@@ -1,7 +1,7 @@
 """Connection limits and what aiohttp answers before the gatekeeper's handler runs.
 
 :class:`GuardedRunner` is the aiohttp ``AppRunner`` the server uses. Its connections
-(``RequestHandler`` subclass, the one hook aiohttp has for this) enforce:
+(a ``RequestHandler`` subclass, made by the runner's ``web.Server``) enforce:
 
 - caps on open connections, kept per listener kind (Unix sockets, mTLS) so that no listener
   takes another's capacity: per driver and in total; over them a 429 Status, then close;
@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_server import Server
+from aiohttp import StreamReader, web
+from aiohttp.abc import AbstractAccessLogger, AbstractStreamWriter
+from aiohttp.http import RawRequestMessage
+from aiohttp.web import BaseRequest, RequestHandler, Server
 
 from gatekeeper.audit.flow import Client
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
@@ -34,8 +34,9 @@ from gatekeeper.listen.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision
 from gatekeeper.proxy.deciding import Connection
-from gatekeeper.proxy.pipeline import build_handler
+from gatekeeper.proxy.pipeline import Handler, build_handler
 from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.rule import Rule
 from gatekeeper.status import status_body
 from gatekeeper.upstream.reviewbudget import ReviewCaller, source_key
 
@@ -50,17 +51,22 @@ _LINGER = 1.0
 class _GuardedHandler(RequestHandler, Connection):
     """aiohttp's connection protocol, with the guard's caps, header timeout and Status errors."""
 
-    guard: ClassVar[ConnectionGuard]
     ticket: Ticket | None = None
-    """How this connection is counted: set at accept by the TLS gate (unauthenticated), else
+    """How this connection is counted: set at accept by the TLS site (unauthenticated), else
     in :meth:`connection_made`; :meth:`ConnectionGuard.attribute` moves it to a driver."""
     client: Client | None = None
     """Who this connection is, known when it was made (read by every request on it)."""
     reviews: ReviewCaller
     """This connection in the token listener's review budget (its address, its buckets)."""
-    _refused = False
-    _refused_transport: asyncio.BaseTransport | None = None
-    _header_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, manager: Server, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.guard = guard
+        self._refused = False
+        self._refused_transport: asyncio.BaseTransport | None = None
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._answering = False
+        """From the moment a request's headers are complete until its answer is written."""
 
     @property
     def _caller(self) -> str | None:
@@ -73,6 +79,11 @@ class _GuardedHandler(RequestHandler, Connection):
         self.reviews = ReviewCaller(source_key(peer[0] if isinstance(peer, tuple) else None))
         listener, driver = client.listener, self.guard.driver_of(client)
         ticket, why = self.ticket, ""
+        if ticket is not None and not ticket.counted:
+            # Closed to make room while its handshake ended: the close is on its way.
+            self._refused = True
+            transport.close()
+            return
         if ticket is not None:
             ticket.close = transport.close  # the TLS connection now, not the raw one
             if driver is not None:
@@ -109,7 +120,9 @@ class _GuardedHandler(RequestHandler, Connection):
         """Answer 429 before reading anything, audit it, and close after a moment."""
         flow = self.guard.flow("", caller)
         text = f"too many connections: {why}"
-        flow.decision = Decision(False, "too many connections", 429, text, retry_after=1)
+        flow.decision = Decision(
+            False, "too many connections", 429, text, retry_after=1, rule=Rule.RATE_LIMITED
+        )
         flow.finish(429, text)
         self.guard.audit(flow)
         body = json.dumps(status_body(429, text, details={"retryAfterSeconds": 1})).encode()
@@ -141,13 +154,21 @@ class _GuardedHandler(RequestHandler, Connection):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # refused in connection_made: discarded
-        before = self._request_count
         super().data_received(data)
-        if self._request_count != before:
-            self._cancel_header_timer()  # a request's headers are complete
-        elif self._header_timer is None and not self._request_in_progress:
+        if self._header_timer is None and not self._answering:
+            # A request has begun (or ended, its headers complete: request_started is called
+            # before anything else runs on this connection, and cancels the timer).
             loop = asyncio.get_running_loop()
             self._header_timer = loop.call_later(self.guard.limits.header_timeout, self._slow)
+
+    def request_started(self) -> None:
+        """A request's headers are complete: no header timeout until its answer is written."""
+        self._answering = True
+        self._cancel_header_timer()
+
+    def request_answered(self) -> None:
+        """The answer is written: the next request's headers are timed from its first byte."""
+        self._answering = False
 
     def _slow(self) -> None:
         self._header_timer = None
@@ -186,7 +207,7 @@ class _GuardedHandler(RequestHandler, Connection):
         flow = self.guard.flow(request.method, self._caller or "")
         text = f"malformed HTTP request: {reason}" if status < 500 else "internal error"
         if status < 500:
-            flow.decision = Decision(False, text, status, text)
+            flow.decision = Decision(False, text, status, text, rule=Rule.MALFORMED_HTTP)
         flow.finish(status, text)
         body = status_body(status, text)
         self.guard.audit(flow)
@@ -199,48 +220,67 @@ class _GuardedServer(Server):
     """aiohttp's low-level server, making :class:`_GuardedHandler` connections that all run
     the one pipeline handler (no router: every request target reaches it)."""
 
-    def __init__(self, handler_class: type[_GuardedHandler], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.handler_class = handler_class
+    def __init__(self, guard: ConnectionGuard, handler: Handler, **kwargs: Any) -> None:
+        loop = asyncio.get_running_loop()
+        super().__init__(handler, handler_cancellation=True, loop=loop)
+        self.guard = guard
+        self.connection_arguments = {"loop": loop, **kwargs}
+        """What every connection is made with (aiohttp's ``RequestHandler`` arguments)."""
+        made = self.request_factory
+
+        def request_factory(
+            message: RawRequestMessage,
+            payload: StreamReader,
+            protocol: RequestHandler,
+            writer: AbstractStreamWriter,
+            task: asyncio.Task[None],
+        ) -> BaseRequest:
+            # Called when a request's headers are complete, before its handler runs.
+            if isinstance(protocol, _GuardedHandler):
+                protocol.request_started()
+            return made(message, payload, protocol, writer, task)
+
+        self.request_factory = request_factory
 
     def __call__(self) -> RequestHandler:
-        return self.handler_class(self, loop=self._loop, **self._kwargs)
+        return _GuardedHandler(self, self.guard, **self.connection_arguments)
 
 
-class GuardedRunner(web.BaseRunner):
+class _Answered(AbstractAccessLogger):
+    """aiohttp's hook after an answer is written (its access log): the connection's next
+    request is timed from its first byte."""
+
+    def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if isinstance(connection := request.protocol, _GuardedHandler):
+            connection.request_answered()
+
+
+class GuardedRunner(web.ServerRunner):
     """The runner of the gatekeeper's listeners: its connections follow ``limits``, carry the
     :class:`~gatekeeper.audit.flow.Client` they were identified as, and every request on them
     takes the pipeline composed once (:func:`~gatekeeper.proxy.pipeline.build_handler`).
 
-    ``handler_cancellation``, ``access_log`` and ``keepalive_timeout`` go to aiohttp's
-    ``web.Server``; the rest (``shutdown_timeout``) to the runner."""
+    Made in a running loop; ``kwargs`` go to aiohttp's ``ServerRunner`` (``shutdown_timeout``).
+    """
 
     def __init__(
-        self,
-        gatekeeper: Gatekeeper,
-        limits: Limits = DEFAULT_LIMITS,
-        *,
-        handler_cancellation: bool = True,
-        access_log: Any = None,
-        **kwargs: Any,
+        self, gatekeeper: Gatekeeper, limits: Limits = DEFAULT_LIMITS, **kwargs: Any
     ) -> None:
-        super().__init__(handle_signals=False, **kwargs)
         self.guard = ConnectionGuard(gatekeeper, limits)
-        self._server_kwargs = {
-            "handler_cancellation": handler_cancellation,
-            "access_log": access_log,
-            "keepalive_timeout": limits.keepalive_timeout,
-        }
+        server = _GuardedServer(
+            self.guard,
+            build_handler(gatekeeper),
+            keepalive_timeout=limits.keepalive_timeout,
+            access_log=log,
+            access_log_class=_Answered,
+        )
+        super().__init__(server, handle_signals=False, **kwargs)
+        self.connections = server
+        """The server whose connections these are (a protocol factory)."""
 
-    async def shutdown(self) -> None:
-        pass
-
-    async def _make_server(self) -> Server:
-        # aiohttp has no public hook for the connection class: one subclass per runner, made
-        # here, carries the guard.
-        handler_class = type("GatekeeperConnection", (_GuardedHandler,), {"guard": self.guard})
-        handler = build_handler(self.guard.gatekeeper)
-        return _GuardedServer(handler_class, handler=handler, **self._server_kwargs)
-
-    async def _cleanup_server(self) -> None:
-        pass
+    def connection(self, ticket: Ticket) -> asyncio.Protocol:
+        """A new connection, already counted by ``ticket`` (a TLS listener's, from accept)."""
+        made = self.connections()
+        assert isinstance(made, _GuardedHandler)
+        made.ticket = ticket
+        return made

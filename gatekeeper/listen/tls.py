@@ -1,7 +1,7 @@
 """The mTLS listener's TLS: a context that follows its files, and failed handshakes made visible.
 
 The listening socket keeps one :class:`ServerTLS` context for its whole life; each new
-connection is wrapped by the context built from the files as they were at the last
+connection's handshake switches to the context built from the files as they were at the last
 :meth:`ServerTLS.reload`, so a renewed serving certificate or client CA applies to the next
 connection without a restart, and established ones are untouched (DESIGN §4.2).
 
@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 
@@ -137,38 +136,32 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class ServerTLS(ssl.SSLContext):
-    """The listener's context: wraps each connection with the context of the current files.
+class ServerTLS:
+    """A TLS listener's context, following its files (see the module docstring).
 
-    Build it with :meth:`load` (ConfigError on unreadable files, before anything listens).
-    ``on_handshake_failure(peer, reason)`` is called for every failed handshake.
+    Build it with :meth:`load` (ConfigError on unreadable files, before anything listens); give
+    :attr:`context` to the listening socket. ``on_handshake_failure(peer, reason)`` is called for
+    every failed handshake.
     """
 
-    files: TLSFiles
-    on_handshake_failure: Callable[[str, str], None]
-    _current: ssl.SSLContext
-    _loaded: tuple[object, ...]
-    _logged: dict[str, float]
-    _flood_logged: float
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> ServerTLS:
-        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # ssl.SSLContext has no __init__ arguments beyond the protocol given to __new__.
-        pass
+    def __init__(self, files: TLSFiles, context: ssl.SSLContext) -> None:
+        self.files = files
+        self.on_handshake_failure: Callable[[str, str], None] = lambda peer, reason: None
+        self._loaded = files.identity()
+        self._current = context
+        self._logged: dict[str, float] = {}
+        self._flood_logged = -_LOG_EVERY_SECONDS
+        # The listening context is the first one built; every handshake switches to the one
+        # built at the last reload (ssl's documented use of sni_callback, called with no name
+        # too: clients connecting to an address send none), before the certificates are sent
+        # or the client's verified. The callback holds this object, not the other way round.
+        self.context = _build_context(files)
+        self.context.sni_callback = self._choose
 
     @classmethod
     def load(cls, files: TLSFiles) -> ServerTLS:
         """The context for ``files``; ConfigError naming the flag and file on any problem."""
-        self = cls()
-        self.files = files
-        self.on_handshake_failure = lambda peer, reason: None
-        self._logged = {}
-        self._flood_logged = -_LOG_EVERY_SECONDS
-        self._loaded = files.identity()
-        self._current = _build_context(files)
-        return self
+        return cls(files, _build_context(files))
 
     @property
     def current(self) -> ssl.SSLContext:
@@ -189,16 +182,10 @@ class ServerTLS(ssl.SSLContext):
         """When the serving certificate expires."""
         return certificate_expiry(self.files.cert_file)
 
-    def wrap_bio(  # type: ignore[override]
-        self,
-        incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-        server_side: bool = False,
-        server_hostname: str | None = None,
-        session: ssl.SSLSession | None = None,
-    ) -> ssl.SSLObject:
-        """asyncio's path: wrap with the current context."""
-        return self._current.wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+    def _choose(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _old: ssl.SSLContext
+    ) -> None:
+        connection.context = self._current
 
     def handshake_failed(self, peer: str, reason: str) -> None:
         """Count a failed handshake from ``peer`` (an address), and log it once a minute."""

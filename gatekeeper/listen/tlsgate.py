@@ -1,31 +1,31 @@
-"""The mTLS listener's handshakes, run by the gatekeeper itself so that every connection is
-counted from the moment it is accepted (README, "Limits").
+"""The TLS listeners' accept loop, so that every connection is counted from the moment it is
+accepted (README, "Limits").
 
 With aiohttp's own site, asyncio runs the handshake before aiohttp sees the connection: a
 connection is invisible to the connection caps until its handshake ends, and one that never
-sends a ClientHello holds a descriptor for asyncio's 60 s. Here each accepted connection gets a
-gate protocol that counts it in its listener kind's bucket of unauthenticated connections
+sends a ClientHello holds a descriptor for asyncio's 60 s. Here the site accepts each
+connection itself and counts it in its listener kind's bucket of unauthenticated connections
 (:meth:`~gatekeeper.listen.capacity.ConnectionGuard.admit_unauthenticated`: the oldest is
-closed when the bucket is full), runs the handshake (``loop.start_tls``, within
-``--header-timeout``), reports one that fails
-(:meth:`~gatekeeper.listen.tls.ServerTLS.handshake_failed`), and hands the TLS connection with
-its count to aiohttp's connection, which moves it to its driver once the certificate the
-handshake verified names one.
+closed, its handshake cancelled, when the bucket is full); the loop runs the handshake
+(``loop.connect_accepted_socket``, within ``--header-timeout``) into aiohttp's connection, which
+holds the count and moves it to its driver once the certificate the handshake verified names
+one. A handshake that fails is reported
+(:meth:`~gatekeeper.listen.tls.ServerTLS.handshake_failed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import ssl
-import weakref
-from collections.abc import Callable
-from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from yarl import URL
 
-from gatekeeper.listen.capacity import ConnectionGuard, Ticket
+from gatekeeper.listen.connections import GuardedRunner
+from gatekeeper.listen.tls import ServerTLS
 from gatekeeper.listenerkind import ListenerKind
 
 __all__ = ["TLSGateSite"]
@@ -33,10 +33,15 @@ __all__ = ["TLSGateSite"]
 log = logging.getLogger("gatekeeper.tlsgate")
 
 _TIMEOUT_REASON = "HANDSHAKE_TIMEOUT"
+_ACCEPT_RETRY_SECONDS = 1.0
+"""How long accepting pauses when the process is out of descriptors (as asyncio's servers do):
+the connections waiting in the backlog stay there meanwhile."""
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-class TLSGateSite(web.SockSite):
-    """A ``SockSite`` whose TLS handshakes the :class:`_Gate` runs (see the module docstring).
+class TLSGateSite(web.BaseSite):
+    """A site on the listening socket ``sock`` whose connections are counted from accept and
+    handshaken with ``tls`` (see the module docstring); the runner stops it with the others.
 
     ``listener`` names the listener kind whose unauthenticated bucket holds the connections
     until they are a driver's (:attr:`~ListenerKind.MTLS`, or the token listener's own).
@@ -44,185 +49,99 @@ class TLSGateSite(web.SockSite):
 
     def __init__(
         self,
-        runner: web.BaseRunner,
-        sock: Any,
-        tls: ssl.SSLContext,
-        guard: ConnectionGuard,
+        runner: GuardedRunner,
+        sock: socket.socket,
+        tls: ServerTLS,
         *,
         listener: ListenerKind = ListenerKind.MTLS,
         backlog: int = 128,
     ) -> None:
-        super().__init__(runner, sock, ssl_context=tls, backlog=backlog)
+        super().__init__(runner, backlog=backlog)
+        self._connections = runner
+        self._listening = sock
         self._tls = tls
-        self._guard = guard
-        self._listener = listener
-        self._gates: weakref.WeakSet[_Gate] = weakref.WeakSet()
+        self._kind = listener
+        self._queue = backlog
+        host, port = sock.getsockname()[:2]
+        self._url = str(URL.build(scheme="https", host=host, port=port))
+        self._accepting: asyncio.Task[None] | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    @property
+    def name(self) -> str:
+        return self._url
 
     async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers the site with its runner
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        self._server = await loop.create_server(
-            lambda: self._gate(server), sock=self._sock, backlog=self._backlog
-        )
+        await super().start()  # registers the site with its runner, which stops it at cleanup
+        self._listening.setblocking(False)
+        self._listening.listen(self._queue)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept())
 
     async def stop(self) -> None:
+        """Stop accepting, close the listening socket and every handshake still running
+        (nothing of them is served); established connections are the runner's."""
+        tasks = [task for task in (self._accepting, *self._handshakes) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._listening.close()
         await super().stop()
-        for gate in list(self._gates):
-            gate.abort()  # handshakes still running: nothing of them is served
 
-    def _gate(self, factory: Callable[[], RequestHandler]) -> _Gate:
-        gate = _Gate(factory, self._tls, self._guard, self._listener)
-        self._gates.add(gate)
-        return gate
-
-
-class _Gate(asyncio.Protocol):
-    """One accepted connection until its handshake ends: counted, handshaken, handed over."""
-
-    def __init__(
-        self,
-        factory: Callable[[], RequestHandler],
-        tls: ssl.SSLContext,
-        guard: ConnectionGuard,
-        listener: ListenerKind,
-    ) -> None:
-        self._factory = factory
-        self._tls = tls
-        self._guard = guard
-        self._listener = listener
-        self._transport: asyncio.Transport | None = None
-        self._ticket: Ticket | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._early: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport: the same methods, though.
-        transport = cast(asyncio.Transport, transport)
-        self._transport = transport
-        transport.pause_reading()  # the ClientHello is start_tls's to read (asyncio)
-        self._ticket = self._guard.admit_unauthenticated(self._listener, transport.close)
+    async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._handshake(transport))
-        # Runs right after the task's first step, in which start_tls puts its TLS protocol in
-        # place and queues that protocol's connection_made and the transport's resume_reading.
-        loop.call_soon(self._after_start_tls)
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._listening)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue  # gone before it was accepted
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    raise
+                log.error(
+                    "not accepting connections for %ss listener=%s reason=%s",
+                    _ACCEPT_RETRY_SECONDS,
+                    self._kind,
+                    exc.strerror or exc,
+                )
+                await asyncio.sleep(_ACCEPT_RETRY_SECONDS)
+                continue
+            task = loop.create_task(self._handshake(conn))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
 
-    def data_received(self, data: bytes) -> None:
-        # uvloop starts reading as soon as connection_made returns (a pause there is too
-        # early to hold): what a client sends at once (its ClientHello) arrives here, before
-        # start_tls takes the connection over. Kept, and no more read until it has.
-        self._early.append(data)
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def _after_start_tls(self) -> None:
-        if self._early and self._transport is not None and not self._transport.is_closing():
-            # Queued behind start_tls's own two callbacks: the TLS protocol gets the early
-            # bytes after its connection_made, before anything more is read from the client.
-            asyncio.get_running_loop().call_soon(self._hand_early_bytes)
-
-    def _hand_early_bytes(self) -> None:
-        assert self._transport is not None
-        protocol = self._transport.get_protocol()
-        data = b"".join(self._early)
-        self._early.clear()
-        if protocol is self or self._transport.is_closing():
-            return
-        if isinstance(protocol, asyncio.BufferedProtocol) or hasattr(protocol, "get_buffer"):
-            buffered = cast(asyncio.BufferedProtocol, protocol)
-            while data:
-                buffer = memoryview(buffered.get_buffer(len(data)))
-                size = min(len(buffer), len(data))
-                buffer[:size] = data[:size]
-                buffered.buffer_updated(size)
-                data = data[size:]
-        else:
-            cast(asyncio.Protocol, protocol).data_received(data)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        # Before start_tls took the connection over (it is this protocol's until then).
-        if self._ticket is not None:
-            self._guard.release(self._ticket)
-
-    def abort(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        if self._transport is not None:
-            self._transport.close()
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        ticket = self._ticket
-        assert ticket is not None
-        peer = transport.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
-        handover = _Handover()
+    async def _handshake(self, conn: socket.socket) -> None:
+        """Count ``conn``, run its handshake into aiohttp's connection, report a failure."""
+        task = asyncio.current_task()
+        assert task is not None
+        guard = self._connections.guard
+        # Closing it to make room cancels the handshake; once the handshake is done the
+        # connection takes the ticket and closes its transport instead.
+        ticket = guard.admit_unauthenticated(self._kind, lambda: _cancel(task))
+        address = _address(conn)
+        connection = self._connections.connection(ticket)
         loop = asyncio.get_running_loop()
         try:
-            secured = await loop.start_tls(
-                transport,
-                handover,
-                self._tls,
-                server_side=True,
-                ssl_handshake_timeout=self._guard.limits.header_timeout,
-            )
+            async with asyncio.timeout(guard.limits.header_timeout):
+                await loop.connect_accepted_socket(lambda: connection, conn, ssl=self._tls.context)
         except (OSError, TimeoutError, asyncio.CancelledError) as exc:
+            # The loop closed the half-made TLS transport; the socket may not have one yet.
+            conn.close()
             made_room = not ticket.counted  # closed as the bucket's oldest: not a failure
-            self._guard.release(ticket)
-            transport.close()
+            guard.release(ticket)
             if (reason := _failure(exc)) and not made_room:
-                self._report(address, reason)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return
-        if secured is None or not ticket.counted:
-            # Closed meanwhile (the bucket's oldest, made room for a newer one).
-            if secured is not None:
-                secured.close()
-            return
-        handover.hand_to(self._factory(), secured, ticket)
-
-    def _report(self, address: str, reason: str) -> None:
-        failed = getattr(self._tls, "handshake_failed", None)
-        if failed is not None:
-            failed(address, reason)
-        else:
-            log.warning("tls handshake failed peer=%s reason=%s", address, reason)
+                self._tls.handshake_failed(address, reason)
 
 
-class _Handover(asyncio.Protocol):
-    """The TLS connection's protocol from the end of the handshake until aiohttp's connection
-    takes it: both loops deliver what the client sent at once, before ``start_tls`` returns,
-    and aiohttp's connection must see ``connection_made`` first."""
+def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
 
-    def __init__(self) -> None:
-        self._data: list[bytes] = []
-        self._eof = False
-        self._lost: tuple[BaseException | None] | None = None
 
-    def data_received(self, data: bytes) -> None:
-        self._data.append(data)
-
-    def eof_received(self) -> bool | None:
-        self._eof = True
-        return None
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._lost = (exc,)
-
-    def hand_to(self, handler: RequestHandler, secured: asyncio.Transport, ticket: Ticket) -> None:
-        """Make ``handler`` the connection's protocol, counted by ``ticket``, and give it what
-        arrived meanwhile, in order."""
-        secured.set_protocol(handler)
-        handler.ticket = ticket  # type: ignore[attr-defined]
-        handler.connection_made(secured)
-        for data in self._data:
-            handler.data_received(data)
-        if self._eof:
-            handler.eof_received()
-        if self._lost is not None:
-            handler.connection_lost(self._lost[0])
+def _address(conn: socket.socket) -> str:
+    try:
+        peer = conn.getpeername()
+    except OSError:
+        return "unknown"
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
 
 
 def _failure(exc: BaseException) -> str:
@@ -230,8 +149,6 @@ def _failure(exc: BaseException) -> str:
     closed to make room, the server stopping)."""
     if isinstance(exc, ssl.SSLError):
         return str(exc.reason or type(exc).__name__)
-    if isinstance(exc, TimeoutError) or (
-        isinstance(exc, ConnectionAbortedError) and "handshake is taking longer" in str(exc)
-    ):
+    if isinstance(exc, TimeoutError):
         return _TIMEOUT_REASON
     return ""

@@ -20,8 +20,8 @@ what the scope needs, so it is never passed on unfiltered.
 
 An object the gatekeeper cannot evaluate (nested deeper than
 :data:`~gatekeeper.codec.jsonbounds.MAX_OBJECT_DEPTH`, or a shape the scope cannot read) is dropped:
-fail closed for that object alone, counted in :data:`DROPPED`, logged, and listed on the
-request's audit event; the rest of the list or watch goes on.
+fail closed for that object alone, counted in :data:`~gatekeeper.proxy.scoped.DROPPED`, logged,
+and listed on the request's audit event; the rest of the list or watch goes on.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ async def scoped_chunks(
     the engine's read is still answered as absent: that 404 is returned as the request's
     Decision. A watch is filtered as it streams, from ``state`` (primed by the list it
     continues, if any). Lists are read whole (:func:`~gatekeeper.proxy.paging.read_list`).
-    Raises :class:`UpstreamError`.
+    Raises :class:`~gatekeeper.errors.UpstreamError`.
     """
     if info.method == "HEAD":
         return _chunks([])

@@ -194,8 +194,9 @@ async def _relay(
 
 
 async def _nothing() -> AsyncIterator[bytes]:
-    return
-    yield
+    empty: tuple[bytes, ...] = ()
+    for chunk in empty:
+        yield chunk
 
 
 def _payload(body: Any) -> bytes | None:

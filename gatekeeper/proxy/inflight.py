@@ -26,7 +26,8 @@ class InFlight:
         self.total = 0
         """Requests in the pipeline, identified or not."""
         self.requests: Counter[str] = Counter()
-        """Requests (not watches) per driver, while admitted (:class:`DriverBudgets`)."""
+        """Requests (not watches) per driver, while admitted
+        (:class:`~gatekeeper.proxy.budgets.DriverBudgets`)."""
         self.watches: Counter[str] = Counter()
         """Open watches per driver, while admitted."""
         self._idle = asyncio.Event()

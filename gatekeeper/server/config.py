@@ -25,6 +25,7 @@ from gatekeeper.names import is_dns_subdomain, is_driver_name
 from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER
 from gatekeeper.policyfile import load_policy
+from gatekeeper.server.flags import FlagValues, Value, limits_from, read_flags
 from gatekeeper.upstream.kubeconfig import (
     TokenSource,
     UpstreamConfig,
@@ -38,7 +39,6 @@ __all__ = [
     "build_serve_config",
     "check_socket_dir",
     "load_serve_policy",
-    "parse_host_port",
     "parse_node_labels",
     "server_ssl_context",
     "token_ssl_context",
@@ -141,93 +141,63 @@ _NO_LISTENER = (
     "at least one listener is required: --socket-dir DIR, --listen HOST:PORT (mTLS) or "
     "--listen-token HOST:PORT (service-account tokens)"
 )
-_MAX_TOKEN_CACHE = 10.0
-"""The apiserver's own token cache keeps a deleted pod's token working about 10 s: the
-gatekeeper never more than doubles that (docs/security.md)."""
 
 
 def build_serve_config(
-    *,
-    node_name: str | None,
-    policy_path: str | None,
-    drivers: Sequence[str],
-    node_labels: Sequence[str] = (),
-    kubeconfig: str | None,
-    upstream: str | None,
-    socket_dir: str | None,
-    listen: str | None,
-    tls_cert_file: str | None,
-    tls_key_file: str | None,
-    client_ca_file: str | None,
-    listen_token: str | None = None,
-    token_audiences: Sequence[str] = (),
-    token_cache_ttl: float = 2.0,
-    audit_log: str | None = None,
-    audit_level: str | None = None,
-    audit_max_size_mb: int = 0,
-    audit_max_backups: int = 0,
-    health_listen: str | None,
-    shutdown_grace: float = 30.0,
-    cert_expiry_warning_days: float = 30.0,
-    socket_group: str | None = None,
-    limits: Limits = DEFAULT_LIMITS,
-    environ: Mapping[str, str] = os.environ,
+    flags: Mapping[str, Value], *, environ: Mapping[str, str] = os.environ
 ) -> ServeConfig:
-    """Check everything ``serve`` was given; ConfigError (exit 2) on the first problem."""
-    node = _check_node_and_drivers(node_name or environ.get("NODE_NAME", ""), drivers)
+    """Check everything ``serve`` was given: ``flags`` by their keys (``node_name``; the
+    others take their defaults), each value by its flag's own check
+    (:data:`~gatekeeper.server.flags.SERVE_FLAGS`), then what they mean together, the files they
+    name and the policy. ConfigError (exit 2) on the first problem."""
+    values = read_flags(flags)
+    drivers = values.items("driver")
+    node = _check_node_and_drivers(
+        values.text("node_name") or environ.get("NODE_NAME", ""), drivers
+    )
     extra = frozenset(drivers)
-    policy = load_serve_policy(policy_path, extra)
-    _check_listeners(socket_dir, listen, listen_token, policy)
-    if not 0 <= token_cache_ttl <= _MAX_TOKEN_CACHE:
-        raise ConfigError(
-            f"--token-cache-ttl must be between 0 and {_MAX_TOKEN_CACHE:g} seconds (a deleted "
-            "pod's token must stop working soon)"
-        )
-    audit = _audit_settings(audit_log, audit_level, audit_max_size_mb, audit_max_backups)
-    if shutdown_grace < 0:
-        raise ConfigError("--shutdown-grace-period must not be negative")
-    labels = parse_node_labels(node_labels)
-    resolved = resolve_upstream(kubeconfig=kubeconfig, upstream=upstream, environ=environ)
-    tls_files = (tls_cert_file, tls_key_file, client_ca_file)
-    listeners = _listener_settings(socket_dir, listen, listen_token, health_listen, tls_files)
+    policy = load_serve_policy(values.text("policy"), extra)
+    _check_listeners(values, policy)
+    audit = _audit_settings(values)
+    labels = parse_node_labels(values.items("node_label"))
+    resolved = resolve_upstream(
+        kubeconfig=values.text("kubeconfig"), upstream=values.text("upstream"), environ=environ
+    )
+    listeners = _listener_settings(values)
     return ServeConfig(
         node_name=node,
         node_labels=labels,
         policy=policy,
-        policy_path=policy_path,
+        policy_path=values.text("policy"),
         extra_drivers=extra,
         upstream=resolved,
         **listeners,
-        token_audiences=tuple(token_audiences),
-        token_cache_ttl=token_cache_ttl,
+        token_audiences=tuple(values.items("token_audience")),
+        token_cache_ttl=values.number("token_cache_ttl"),
         audit=audit,
-        shutdown_grace=shutdown_grace,
-        cert_expiry_warning=cert_expiry_warning_days * _DAY,
-        socket_group=resolve_group(socket_group),
-        limits=fit_to_descriptors(limits.check(), _listener_kinds(**listeners)),
+        shutdown_grace=values.number("shutdown_grace_period"),
+        cert_expiry_warning=values.number("cert_expiry_warning") * _DAY,
+        socket_group=resolve_group(values.text("socket_group")),
+        limits=fit_to_descriptors(limits_from(values), _listener_kinds(**listeners)),
     )
 
 
-def _listener_settings(
-    socket_dir: str | None,
-    listen: str | None,
-    listen_token: str | None,
-    health_listen: str | None,
-    tls_files: tuple[str | None, str | None, str | None],
-) -> dict[str, Any]:
+def _listener_settings(values: FlagValues) -> dict[str, Any]:
     """The listeners' fields of :class:`ServeConfig`, each checked (its files read) in turn."""
-    cert, key, client_ca = tls_files
+    socket_dir, listen, listen_token = (
+        values.text("socket_dir"),
+        values.address("listen"),
+        values.address("listen_token"),
+    )
+    cert, key = values.text("tls_cert_file"), values.text("tls_key_file")
+    client_ca = values.text("client_ca_file")
     return {
         "socket_dir": check_socket_dir(socket_dir) if socket_dir is not None else None,
-        "listen": parse_host_port(listen, "--listen") if listen is not None else None,
+        "listen": listen,
         "listen_tls": (server_ssl_context(cert, key, client_ca) if listen is not None else None),
-        "listen_token": (
-            parse_host_port(listen_token, "--listen-token") if listen_token is not None else None
-        ),
+        "listen_token": listen_token,
         "token_tls": token_ssl_context(cert, key) if listen_token is not None else None,
-        "health_listen": (
-            parse_host_port(health_listen, "--health-listen") if health_listen is not None else None
-        ),
+        "health_listen": values.address("health_listen"),
     }
 
 
@@ -242,10 +212,9 @@ def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:
     return node
 
 
-def _check_listeners(
-    socket_dir: str | None, listen: str | None, listen_token: str | None, policy: Policy
-) -> None:
-    if socket_dir is None and listen is None and listen_token is None:
+def _check_listeners(values: FlagValues, policy: Policy) -> None:
+    socket_dir, listen_token = values.text("socket_dir"), values.address("listen_token")
+    if socket_dir is None and values.address("listen") is None and listen_token is None:
         raise ConfigError(_NO_LISTENER)
     if socket_dir is not None and ANY_DRIVER in policy.drivers:
         raise ConfigError('--socket-dir needs named drivers; "*" only works with --listen (mTLS)')
@@ -256,9 +225,8 @@ def _check_listeners(
         )
 
 
-def _audit_settings(
-    path: str | None, level: str | None, max_size_mb: int, backups: int
-) -> AuditSettings:
+def _audit_settings(values: FlagValues) -> AuditSettings:
+    path, level = values.text("audit_log"), values.text("audit_level")
     if level is None:
         level = AuditLevel.METADATA.value
     elif path is None:
@@ -273,7 +241,9 @@ def _audit_settings(
         raise ConfigError(
             f"--audit-level {level!r} must be one of Metadata, Request, RequestResponse"
         ) from None
-    audit = AuditSettings(path, audit_level, max_size_mb, backups)
+    audit = AuditSettings(
+        path, audit_level, values.count("audit_log_maxsize"), values.count("audit_log_maxbackup")
+    )
     _check_audit(audit)
     return audit
 
@@ -293,10 +263,6 @@ def load_serve_policy(
 
 
 def _check_audit(audit: AuditSettings) -> None:
-    if audit.max_size_mb < 0:
-        raise ConfigError("--audit-log-maxsize must not be negative")
-    if audit.max_backups < 0:
-        raise ConfigError("--audit-log-maxbackup must not be negative")
     if audit.path in (None, "-"):
         return
     directory = os.path.dirname(os.path.abspath(str(audit.path)))
@@ -339,15 +305,6 @@ def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
             raise ConfigError(f"--node-label {key!r} is given twice")
         labels[key] = value
     return labels
-
-
-def parse_host_port(value: str, flag: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); ConfigError naming ``flag``."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{flag} {value!r} must be HOST:PORT (e.g. 127.0.0.1:8443)")
-    return host, int(port)
 
 
 def token_ssl_context(cert_file: str | None, key_file: str | None) -> ServerTLS:

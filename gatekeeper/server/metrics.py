@@ -72,7 +72,7 @@ class Metrics:
     Label values come from fixed sets, never from what a client sends (a new value is a new
     series, held forever): drivers the policy allows (else ``unknown``), its kinds (else
     ``other``), the API verbs, HTTP codes, and the rule that refused
-    (:mod:`gatekeeper.server.rules`).
+    (:class:`~gatekeeper.rule.Rule`, as the audit event carries it).
     """
 
     def __init__(self, *, scrape_interval: float = SCRAPE_INTERVAL) -> None:

@@ -31,7 +31,8 @@ _EXPIRY_CHECK_SECONDS = 3600.0
 class Reloader:
     """Watches the server's files; :meth:`reload` applies what changed (or everything).
 
-    A new policy is handed to ``use`` (the server's :meth:`use_policy`): the reloader reads and
+    A new policy is handed to ``use`` (the server's
+    :meth:`~gatekeeper.server.server.GatekeeperServer.use_policy`): the reloader reads and
     checks files, the server decides how it serves them."""
 
     def __init__(

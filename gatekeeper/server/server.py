@@ -288,14 +288,12 @@ class GatekeeperServer:
         )
 
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
-        site: web.SockSite
+        site: web.BaseSite
         kind = listener.kind
         tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
         if (context := tls.get(kind)) is not None:
             assert isinstance(runner, GuardedRunner)
-            site = TLSGateSite(
-                runner, listener.sock, context, runner.guard, listener=kind, backlog=_BACKLOG
-            )
+            site = TLSGateSite(runner, listener.sock, context, listener=kind, backlog=_BACKLOG)
         elif kind is ListenerKind.HEALTH:
             # No more waiting to be accepted than the cap: what is accepted at once, before the
             # cap can close any, is a descriptor each (counted by limits.descriptor_budget).

@@ -1,7 +1,7 @@
 """The upstream seam: the :class:`Upstream` protocol — one streaming method, as httpx's
 transport — the :func:`fetch` and :func:`request` built on it, and its one implementation, a
 keep-alive session with the node's credentials (a double for tests:
-:class:`gatekeeper.testing.MockUpstream`).
+:class:`gatekeeper.testing.harness.MockUpstream`).
 
 Credentials are added here and nowhere else. Library errors are mapped to
 :class:`~gatekeeper.errors.UpstreamError` only around the session call and the reading of the
@@ -293,6 +293,7 @@ class UpstreamSession:
                 data=body,
                 allow_redirects=False,
                 timeout=self._timeouts[long_running],
+                server_hostname=self.config.tls_server_name,
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _mapped(exc) from exc

@@ -48,7 +48,8 @@ def test_zero_backups_keeps_every_file(tmp_path: Path) -> None:
     path = tmp_path / "audit.json"
     rotating = RotatingFile(str(path), max_bytes=1000, max_backups=0)
     for index in range(100):
-        rotating.write_lines([line(index)])
+        rotating.add([line(index)])
+        rotating.flush()
     rotating.close()
     files = all_lines(path)
     assert len(files) >= 10
@@ -58,7 +59,8 @@ def test_zero_backups_keeps_every_file(tmp_path: Path) -> None:
 def test_a_line_larger_than_the_limit_is_never_split(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     rotating = RotatingFile(str(path), max_bytes=500, max_backups=5)
-    rotating.write_lines([line(0), line(1, 2000), line(2)])
+    rotating.add([line(0), line(1, 2000), line(2)])
+    rotating.flush()
     rotating.close()
     assert all_lines(path) == [["id-0"], ["id-1"], ["id-2"]]
 
@@ -67,6 +69,7 @@ def test_existing_file_size_counts(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     path.write_bytes(line(0, 900))
     rotating = RotatingFile(str(path), max_bytes=1000, max_backups=1)
-    rotating.write_lines([line(1)])
+    rotating.add([line(1)])
+    rotating.flush()
     rotating.close()
     assert all_lines(path) == [["id-0"], ["id-1"]]

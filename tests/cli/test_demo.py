@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -61,7 +63,8 @@ async def test_demo_serves_kubectl_and_cleans_up_but_keeps_its_audit_log(tmp_pat
     audit.unlink()
 
 
-CONSOLE_SCRIPT = Path(sys.executable).parent / "dra-gatekeeper"
+CONSOLE_SCRIPT = Path(sysconfig.get_path("scripts")) / "dra-gatekeeper"
+"""The console script of the environment running the tests, wherever its venv is."""
 
 
 async def _start_demo(
@@ -189,8 +192,11 @@ async def test_the_printed_serve_command_runs_as_printed(tmp_path: Path) -> None
     )
     await _stop(process)
     (serve,) = [line.split() for line in lines if " serve --node-name " in line]
-    if CONSOLE_SCRIPT.is_relative_to(REPO):  # the README's install: .venv in the clone
-        assert serve[0] == ".venv/bin/dra-gatekeeper"
+    on_path = shutil.which("dra-gatekeeper")
+    if on_path is not None and os.path.samefile(on_path, CONSOLE_SCRIPT):
+        assert serve[0] == "dra-gatekeeper"
+    elif CONSOLE_SCRIPT.is_relative_to(REPO):  # a venv in the clone (the README's: .venv)
+        assert serve[0] == os.path.relpath(CONSOLE_SCRIPT, REPO)
     else:
         assert serve[0] == str(CONSOLE_SCRIPT)
     ran = await asyncio.create_subprocess_exec(

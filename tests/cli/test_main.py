@@ -21,7 +21,6 @@ from gatekeeper.testing.harness import (
     run_process,
     token_kubeconfig,
 )
-from tests.paths import REPO
 
 
 @pytest.mark.parametrize(
@@ -179,26 +178,6 @@ async def test_version_and_help() -> None:
         out, _ = await process.communicate()
         assert process.returncode == 0, args
         assert out.startswith(b"usage: dra-gatekeeper") and b"``" not in out, args
-
-
-def test_readme_table_lists_every_serve_flag() -> None:
-    import argparse
-
-    from gatekeeper.cli.main import build_parser
-
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| flag | meaning |") :]
-    table = table[: table.index("\n\n")]
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    flags = [
-        flag
-        for action in commands.choices["serve"]._actions
-        for flag in action.option_strings
-        if flag.startswith("--") and flag != "--help"
-    ]
-    assert len(flags) > 15
-    missing = [flag for flag in flags if f"`{flag}" not in table]
-    assert missing == []
 
 
 def test_serve_help_says_what_is_required_and_every_default() -> None:

@@ -107,3 +107,14 @@ def test_brackets_inside_strings_only_make_the_shortcut_give_way() -> None:
 def test_finite_float_refuses_overflow(text: str) -> None:
     with pytest.raises(ValueError, match="not a finite double"):
         finite_float(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["-9223372036854775809", "18446744073709551616", '{"a":[1,-99999999999999999999]}'],
+    ids=["below-int64", "above-uint64", "nested"],
+)
+def test_integers_beyond_64_bits_stay_integers(text: str) -> None:
+    """orjson (3.13) reads them as floats: the standard library reads them."""
+    assert parse_bounded(text) == json.loads(text)
+    assert parse_bounded(text.encode()) == json.loads(text)

@@ -69,12 +69,14 @@ async def _open(
 async def test_one_driver_cannot_hold_every_connection(
     guarded: tuple[Running, RecordingSink],
 ) -> None:
-    running, _ = guarded
+    running, sink = guarded
     held = await _open(running, GPU, 8, b"GET /version HTTP/1.1\r\nHo")
     try:
         refused = await send_raw(running.socket_path(GPU), build_request("GET", "/version"))
         assert refused.status == 429 and refused.headers["retry-after"] == "1"
         assert "too many connections" in refused.json()["message"]
+        (event,) = sink.by_id(refused.headers["audit-id"])
+        assert event["annotations"]["dra-gatekeeper.io/rule"] == "rate-limited"
         other = await send_raw(running.socket_path(NIC), build_request("GET", "/version"))
         assert other.status == 200
     finally:
@@ -120,6 +122,8 @@ async def test_slowloris_connections_are_closed(guarded: tuple[Running, Recordin
 async def test_a_slow_body_is_not_a_header_timeout(guarded: tuple[Running, RecordingSink]) -> None:
     """Headers complete at once; the body trickles in slower than the header timeout."""
     running, _ = guarded
+    guard = running.server.guard
+    assert guard is not None
     body = b'{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice"}'
     request = build_request(
         "POST", "/apis/resource.k8s.io/v1/resourceslices", {"Content-Type": "application/json"},
@@ -128,11 +132,39 @@ async def test_a_slow_body_is_not_a_header_timeout(guarded: tuple[Running, Recor
     head, _, rest = request.partition(b"\r\n\r\n")
     reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
     writer.write(head + b"\r\n\r\n" + rest[:10])
-    await asyncio.sleep(0.8)
+    await writer.drain()
+    # A witness whose headers never end, opened after: once the header timeout has closed
+    # it, the slow body has waited longer than the header timeout too.
+    witness, witnessed = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
+    witnessed.write(b"GET /version HTTP/1.1\r\nHost: x\r\n")
+    assert await asyncio.wait_for(witness.read(), timeout=20) == b""
+    assert guard.header_timeouts == 1
     writer.write(rest[10:])
     answer = await asyncio.wait_for(reader.read(), timeout=20)
     writer.close()
+    witnessed.close()
     assert answer.startswith(b"HTTP/1.1 403")  # decided (no pool name), not cut off
+    assert guard.header_timeouts == 1
+
+
+async def test_the_next_request_on_a_connection_is_timed_from_its_first_byte(
+    guarded: tuple[Running, RecordingSink],
+) -> None:
+    """A keep-alive connection: the first request is answered, the second one's headers never
+    end; the header timeout closes it (an answered request does not leave the timer off)."""
+    running, _ = guarded
+    guard = running.server.guard
+    assert guard is not None
+    reader, writer = await asyncio.open_unix_connection(str(running.socket_path(GPU)))
+    writer.write(b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n")  # HTTP/1.1: kept alive
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=20)
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" not in head
+    assert b"Transfer-Encoding: chunked" in head
+    await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), timeout=20)  # the last chunk
+    writer.write(b"GET /version HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+    assert await asyncio.wait_for(reader.read(), timeout=20) == b""
+    assert guard.header_timeouts == 1
+    writer.close()
 
 
 async def test_malformed_requests_are_a_status_and_an_event(
@@ -146,6 +178,7 @@ async def test_malformed_requests_are_a_status_and_an_event(
     assert status["kind"] == "Status" and "Duplicate Content-Length" in status["message"]
     (event,) = sink.by_id(answer.headers["audit-id"])
     assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
+    assert event["annotations"]["dra-gatekeeper.io/rule"] == "malformed-http"
     assert event["responseStatus"]["code"] == 400
 
 

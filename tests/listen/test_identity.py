@@ -96,7 +96,8 @@ async def test_a_unix_socket_bound_to_no_driver_is_401() -> None:
 
 
 async def test_an_mtls_client_is_its_certificate_cn(pki: PKI) -> None:
-    context = server_ssl_context(pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt"))
+    tls = server_ssl_context(pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt"))
+    context = tls.context
     async with identifying(lambda path: {}, tls=context) as (port, seen):
         assert isinstance(port, int)
         await connect_tcp(port, pki.client_context(GPU))

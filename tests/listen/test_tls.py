@@ -1,12 +1,18 @@
-"""The mTLS listener's context: loading its files with messages naming the flag, changes seen."""
+"""The mTLS listener's context: loading its files with messages naming the flag, changes seen,
+reloads applied to the next handshake."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import ssl
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
+from gatekeeper.cli.certs import create_ca, issue_client_cert, issue_server_cert, write_pem
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.tls import ServerTLS, TLSFiles, file_identity
 from gatekeeper.testing.harness import PKI
@@ -85,3 +91,76 @@ def test_changes_are_seen_through_symlinks(pki: PKI, tmp_path: Path) -> None:
     tls.reload()
     assert not tls.changed()
     assert file_identity(str(tmp_path / "none")) is None
+
+
+async def _handshake(port: int, client: ssl.SSLContext, server_hostname: str | None) -> str:
+    """The issuer CN of the certificate the listener served, or "refused" when the listener
+    refused the client's certificate (TLS 1.3: seen on the first read)."""
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname=server_hostname
+        )
+    except (ssl.SSLError, ConnectionError):
+        return "refused"
+    try:
+        served = x509.load_der_x509_certificate(
+            writer.get_extra_info("ssl_object").getpeercert(True)
+        )
+        writer.write(b"ping")
+        if await reader.read(4) != b"pong":
+            return "refused"
+        (name,) = served.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        return str(name.value)
+    except (ssl.SSLError, ConnectionError):
+        return "refused"
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("server_hostname", ["", "localhost"], ids=["no-sni", "sni"])
+async def test_a_reload_applies_to_the_next_handshake(tmp_path: Path, server_hostname: str) -> None:
+    """Canary for ssl's ``sni_callback`` (ServerTLS switches each handshake to the context of the
+    last reload there): it must run for clients that send no server name too (an address),
+    and the switch must bring the new serving certificate and the new client CA. If this fails
+    after a Python or OpenSSL upgrade, re-check ``ServerTLS._choose``."""
+    cas = {stem: create_ca(f"{stem}-ca") for stem in ("old", "new")}
+    clients: dict[str, ssl.SSLContext] = {}
+    for stem, ca in cas.items():
+        served, client = issue_server_cert(ca), issue_client_cert(ca, "gpu.example.com")
+        for name, data in (("ca.crt", ca.cert_pem), ("server.crt", served.cert_pem),
+                           ("server.key", served.key_pem), ("client.crt", client.cert_pem),
+                           ("client.key", client.key_pem)):  # fmt: skip
+            write_pem(tmp_path / f"{stem}-{name}", data)
+    for stem in cas:
+        context = ssl.create_default_context(cafile=tmp_path / "old-ca.crt")
+        context.load_verify_locations(cafile=tmp_path / "new-ca.crt")
+        context.check_hostname = False  # the served certificate's issuer is what is checked
+        context.load_cert_chain(tmp_path / f"{stem}-client.crt", tmp_path / f"{stem}-client.key")
+        clients[stem] = context
+    live = [tmp_path / name for name in ("server.crt", "server.key", "ca.crt")]
+    for path in live:
+        path.write_bytes((tmp_path / f"old-{path.name}").read_bytes())
+    tls = ServerTLS.load(TLSFiles(*(str(path) for path in live)))
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            if await reader.read(4) == b"ping":
+                writer.write(b"pong")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls.context)
+    port = server.sockets[0].getsockname()[1]
+    name = server_hostname or None
+    try:
+        assert await _handshake(port, clients["old"], name) == "old-ca"
+        assert await _handshake(port, clients["new"], name) == "refused"
+        for path in live:
+            path.write_bytes((tmp_path / f"new-{path.name}").read_bytes())
+        assert tls.changed()
+        tls.reload()
+        assert await _handshake(port, clients["new"], name) == "new-ca"
+        assert await _handshake(port, clients["old"], name) == "refused"
+    finally:
+        server.close()
+        await server.wait_closed()

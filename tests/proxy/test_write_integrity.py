@@ -357,12 +357,24 @@ class FlipsOwnership(InterleavedUpstream):
         )
         self.apiserver = apiserver
         self.delay = delay
+        self._late: list[asyncio.Future[None]] = []
 
     def _after(self, path: str) -> None:
         if self.delay == 0:
             self.flip()
         elif self.delay is not None:
-            asyncio.get_running_loop().call_later(self.delay, self.flip)
+            landed = asyncio.get_running_loop().create_future()
+            self._late.append(landed)
+            asyncio.get_running_loop().call_later(self.delay, self._flip_late, landed)
+
+    def _flip_late(self, landed: asyncio.Future[None]) -> None:
+        self.flip()
+        landed.set_result(None)
+
+    async def landed(self) -> None:
+        """Every flip scheduled so far has happened."""
+        late, self._late = self._late, []
+        await asyncio.wait_for(asyncio.gather(*late), timeout=10)
 
     def flip(self) -> None:
         remove(self.apiserver)
@@ -430,7 +442,7 @@ async def test_random_interleavings_never_bypass(
             seed(apiserver, name=NAME)
             upstream.delay = rng.uniform(0, 0.004)
             status = await driver_write(running, method, media_type)
-            await asyncio.sleep(0.005)  # let a late flip land before judging
+            await upstream.landed()  # a late flip, after the answer, is judged too
             obj = apiserver.get("resource.k8s.io", "resourceslices", NAME)
             assert obj is not None and obj["spec"]["driver"] == NIC
             assert obj["metadata"].get("labels", {}).get("touched") != "gpu", "bypass"

@@ -16,8 +16,8 @@ from gatekeeper.server.config import (
     ServeConfig,
     build_serve_config,
     check_socket_dir,
-    parse_host_port,
 )
+from gatekeeper.server.flags import parse_host_port
 from gatekeeper.testing.harness import GPU, PKI
 from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
@@ -32,17 +32,9 @@ def _flags(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     )
     flags: dict[str, Any] = {
         "node_name": "node-a",
-        "policy_path": None,
-        "drivers": [GPU],
+        "driver": [GPU],
         "kubeconfig": str(kubeconfig),
-        "upstream": None,
         "socket_dir": str(tmp_path / "sockets"),
-        "listen": None,
-        "tls_cert_file": None,
-        "tls_key_file": None,
-        "client_ca_file": None,
-        "health_listen": None,
-        "environ": {},
     }
     flags.update(overrides)
     return flags
@@ -59,7 +51,7 @@ def test_build_serve_config_holds_every_setting(tmp_path: Path, pki: PKI) -> Non
         "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
     config = build_serve_config(
-        **_flags(
+        _flags(
             tmp_path,
             kubeconfig=str(kubeconfig),
             listen="127.0.0.1:0",
@@ -69,12 +61,13 @@ def test_build_serve_config_holds_every_setting(tmp_path: Path, pki: PKI) -> Non
             health_listen="[::1]:8081",
             audit_log=str(tmp_path / "audit.log"),
             audit_level="Request",
-            audit_max_size_mb=5,
-            audit_max_backups=3,
-            shutdown_grace=7.5,
-            cert_expiry_warning_days=2,
-            node_labels=["zone=a"],
-        )
+            audit_log_maxsize=5,
+            audit_log_maxbackup=3,
+            shutdown_grace_period=7.5,
+            cert_expiry_warning=2,
+            node_label=["zone=a"],
+        ),
+        environ={},
     )
     assert config.node_name == "node-a" and config.node_labels == {"zone": "a"}
     assert config.policy.drivers == {GPU} and config.extra_drivers == {GPU}
@@ -93,19 +86,21 @@ def test_build_serve_config_holds_every_setting(tmp_path: Path, pki: PKI) -> Non
     [
         ({"socket_dir": None}, "at least one listener is required"),
         ({"listen": "127.0.0.1:1"}, "--listen needs --tls-cert-file"),
-        ({"audit_max_size_mb": -1}, "--audit-log-maxsize must not be negative"),
-        ({"audit_max_backups": -1}, "--audit-log-maxbackup must not be negative"),
-        ({"shutdown_grace": -1.0}, "--shutdown-grace-period must not be negative"),
+        ({"audit_log_maxsize": -1}, "--audit-log-maxsize must not be negative"),
+        ({"audit_log_maxbackup": -1}, "--audit-log-maxbackup must not be negative"),
+        ({"shutdown_grace_period": -1.0}, "--shutdown-grace-period must not be negative"),
+        ({"token_cache_ttl": 11.0}, "--token-cache-ttl must be between 0 and 10 seconds"),
+        ({"max_connections": 0}, "limit connections_total must be positive, not 0"),
         ({"health_listen": "8081"}, "--health-listen '8081' must be HOST:PORT"),
-        ({"drivers": ["Not A Driver"]}, "--driver 'Not A Driver' is not a DNS subdomain"),
-        ({"drivers": []}, "no drivers are allowed on this node"),
+        ({"driver": ["Not A Driver"]}, "--driver 'Not A Driver' is not a DNS subdomain"),
+        ({"driver": []}, "no drivers are allowed on this node"),
     ],
 )
 def test_bad_settings_are_config_errors(
     tmp_path: Path, overrides: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        build_serve_config(**_flags(tmp_path, **overrides))
+        build_serve_config(_flags(tmp_path, **overrides), environ={})
 
 
 def test_serve_config_checks_listeners_and_credentials_itself(tmp_path: Path) -> None:

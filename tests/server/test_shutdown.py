@@ -11,10 +11,41 @@ from pathlib import Path
 import aiohttp
 
 from gatekeeper.apiserver import APIServer, resource_slice
-from gatekeeper.testing.harness import GPU, NODE, SERVE, free_port, token_kubeconfig, wait_ready
+from gatekeeper.testing.harness import (
+    GPU,
+    NODE,
+    SERVE,
+    free_port,
+    metric_value,
+    token_kubeconfig,
+    wait_ready,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{GPU}"
+
+
+async def _in_flight(health: int, count: int) -> None:
+    """Poll /metrics until ``count`` of the driver's requests are in the pipeline (admitted)."""
+    url = f"http://127.0.0.1:{health}/metrics"
+    async with asyncio.timeout(20), aiohttp.ClientSession() as session:
+        while True:
+            async with session.get(url) as response:
+                text = await response.text()
+            if metric_value(text, "dra_gatekeeper_requests_in_flight", driver=GPU) >= count:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _logged(stderr: asyncio.StreamReader, line: bytes) -> bytes:
+    """The process's log up to and including the first line holding ``line``."""
+    seen = b""
+    async with asyncio.timeout(20):
+        while line not in seen:
+            read = await stderr.readline()
+            assert read, seen.decode()  # the log ended without it
+            seen += read
+    return seen
 
 
 async def test_sigterm_finishes_the_write_ends_the_watch_and_flushes_the_audit(
@@ -53,19 +84,22 @@ async def test_sigterm_finishes_the_write_ends_the_watch_and_flushes_the_audit(
                 )
             )
             await body_started.wait()
-            await asyncio.sleep(0.2)  # the request is in the gatekeeper, its body half sent
+            await _in_flight(health, 2)  # the watch, and the write with its body half sent
             process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)  # the gatekeeper has begun to stop meanwhile
+            assert process.stderr is not None
+            logged = await _logged(process.stderr, b"stopping: draining in-flight requests")
+            # Stopping, the gatekeeper ends the watch while the write is still in flight. It
+            # ends cleanly (no broken stream): the driver's informer re-watches.
+            rest = await asyncio.wait_for(watch.content.read(), 20)
+            assert b"ERROR" not in rest
+            watch.release()
             release.set()
             response = await asyncio.wait_for(write, 20)
             assert response.status == 201, await response.text()
             created = await response.json()
             assert created["metadata"]["name"] == f"{NODE}-late"
-            # The watch ends cleanly (no broken stream): the driver's informer re-watches.
-            rest = await asyncio.wait_for(watch.content.read(), 20)
-            assert b"ERROR" not in rest
-            watch.release()
         _, err = await asyncio.wait_for(process.communicate(), 30)
+        err = logged + err
     finally:
         if process.returncode is None:
             process.kill()

@@ -22,7 +22,7 @@ from gatekeeper.cli.certs import (
     issue_server_cert,
     write_pem,
 )
-from gatekeeper.errors import ConfigError
+from gatekeeper.errors import ConfigError, UpstreamError
 from gatekeeper.listen.identity import client_cert_common_name
 from gatekeeper.upstream import kubeconfig
 from gatekeeper.upstream.kubeconfig import (
@@ -33,6 +33,7 @@ from gatekeeper.upstream.kubeconfig import (
     load_kubeconfig,
     resolve_upstream,
 )
+from gatekeeper.upstream.session import UpstreamSession
 
 
 @pytest.fixture(scope="module")
@@ -587,14 +588,18 @@ async def named_port(tmp_path: Path, pki: dict[str, IssuedCert]) -> AsyncIterato
 
 
 async def _whoami(cfg: UpstreamConfig) -> str:
-    ctx = build_ssl_context(cfg)
-    token = TokenSource(cfg).token()
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{cfg.server}/whoami", ssl=ctx, headers=headers) as resp,
-    ):
-        return await resp.text()
+    """Who the server saw, through the gatekeeper's own upstream session."""
+    session = UpstreamSession(cfg)
+    await session.start()
+    try:
+        async with session.stream("GET", "/whoami", {}, None, pool="own") as response:
+            return (await response.read(4096)).decode()
+    finally:
+        await session.close()
+
+
+def _certificate_refused(info: pytest.ExceptionInfo[UpstreamError]) -> bool:
+    return isinstance(info.value.__cause__, aiohttp.ClientConnectorCertificateError)
 
 
 @pytest.mark.parametrize("source", ["files", "data"])
@@ -626,8 +631,9 @@ async def test_mtls_wrong_ca_is_refused(pki: dict[str, IssuedCert], mtls_port: i
         client_cert_data=pki["client"].cert_pem,
         client_key_data=pki["client"].key_pem,
     )
-    with pytest.raises(aiohttp.ClientConnectorCertificateError):
+    with pytest.raises(UpstreamError) as refused:
         await _whoami(cfg)
+    assert _certificate_refused(refused)
 
 
 async def test_tls_server_name_is_used_for_verification(
@@ -639,7 +645,8 @@ async def test_tls_server_name_is_used_for_verification(
         "client_cert_data": pki["client"].cert_pem,
         "client_key_data": pki["client"].key_pem,
     }
-    with pytest.raises(aiohttp.ClientConnectorCertificateError):
+    with pytest.raises(UpstreamError) as refused:
         await _whoami(UpstreamConfig(**base))  # the cert is for upstream.internal only
+    assert _certificate_refused(refused)
     named = UpstreamConfig(**base, tls_server_name="upstream.internal")
     assert await _whoami(named) == "system:node:node-a|None"

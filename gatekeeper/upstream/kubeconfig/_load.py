@@ -139,14 +139,15 @@ def _read_yaml(path: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         raise ConfigError(f"kubeconfig {path}: cannot read: {reason}") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        marked = exc if isinstance(exc, yaml.MarkedYAMLError) else None
+        mark = marked.problem_mark if marked is not None else None
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
+        problem = (marked.problem if marked is not None else None) or "syntax error"
         raise ConfigError(f"kubeconfig {path}: not valid YAML{at}: {problem}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"kubeconfig {path}: not a kubeconfig (expected a YAML mapping)")

@@ -6,48 +6,11 @@ import os
 import shutil
 import ssl
 import tempfile
-from typing import Any
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.upstream.kubeconfig._config import UpstreamConfig
 
 __all__ = ["build_ssl_context"]
-
-
-class _ServerNameContext(ssl.SSLContext):
-    """An SSLContext that uses a fixed name for SNI and certificate checks (tls-server-name)."""
-
-    tls_server_name: str
-
-    def wrap_bio(  # type: ignore[override]
-        self,
-        incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-        server_side: bool = False,
-        server_hostname: str | None = None,
-        session: ssl.SSLSession | None = None,
-    ) -> ssl.SSLObject:
-        """As SSLContext.wrap_bio (asyncio's path), with ``tls_server_name`` as the host."""
-        return super().wrap_bio(incoming, outgoing, server_side, self.tls_server_name, session)
-
-    def wrap_socket(  # type: ignore[override]
-        self,
-        sock: Any,
-        server_side: bool = False,
-        do_handshake_on_connect: bool = True,
-        suppress_ragged_eofs: bool = True,
-        server_hostname: str | None = None,
-        session: ssl.SSLSession | None = None,
-    ) -> ssl.SSLSocket:
-        """As SSLContext.wrap_socket, with ``tls_server_name`` as the host."""
-        return super().wrap_socket(
-            sock,
-            server_side,
-            do_handshake_on_connect,
-            suppress_ragged_eofs,
-            self.tls_server_name,
-            session,
-        )
 
 
 def build_ssl_context(
@@ -58,17 +21,14 @@ def build_ssl_context(
     Verifies against the configured CA (else the system roots) unless insecure-skip-tls-verify;
     presents the client certificate if any (not with ``client_certificate`` False: a request
     under a driver's own token must not also carry the gatekeeper's certificate, which the
-    apiserver would authenticate first); with ``tls_server_name`` it checks (and sends as SNI)
-    that name instead of the URL's host. ConfigError if a CA or key cannot be loaded.
+    apiserver would authenticate first). ConfigError if a CA or key cannot be loaded.
+
+    A ``tls_server_name`` is not the context's: each request names it (aiohttp's
+    ``server_hostname``), and it is checked, and sent as SNI, instead of the URL's host.
     """
     if not cfg.server.startswith("https://"):
         return None
-    ctx: ssl.SSLContext
-    if cfg.tls_server_name:
-        ctx = _ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.tls_server_name = cfg.tls_server_name
-    else:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if cfg.insecure_skip_tls_verify:
         ctx.check_hostname = False
