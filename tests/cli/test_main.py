@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from gatekeeper.apiserver import APIServer
-from gatekeeper.cli.main import build_parser
+from gatekeeper.cli.main import build_parser, main
 from gatekeeper.testing.harness import (
     GPU,
     SERVE,
@@ -201,3 +201,23 @@ def test_serve_help_says_what_is_required_and_every_default() -> None:
             assert "default" in action.help, flag
         if flag.endswith(("-timeout", "-wait", "-period")):
             assert action.metavar == "SECONDS", flag
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["serve", "--nodename", "n"], "--nodename: did you mean --node-name?; --help"),
+        (["audit", "check", "--polcy", "p", "log"], "--polcy: did you mean --policy?; --help"),
+        (["serve", "--qqqq"], "unrecognized arguments: --qqqq (--help lists every flag)"),
+    ],
+)
+def test_an_unknown_flag_is_answered_with_the_likely_one(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(args)
+    except SystemExit as exc:  # serve's parser exits, as any argparse parser does
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
