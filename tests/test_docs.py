@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.policyfile import parse_policy
+from gatekeeper.rule import Rule
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
@@ -261,3 +262,24 @@ def test_every_documented_command_parses(tmp_path: Path) -> None:
                 )
                 ran += 1
     assert ran >= 10
+
+
+def test_the_metrics_table_lists_every_rule() -> None:
+    """The ``reason`` label's values are the Rule enum's: the table says all of them."""
+    text = (ROOT / "docs" / "operating.md").read_text()
+    (row,) = [line for line in text.splitlines() if "dra_gatekeeper_refusals_total" in line]
+    listed = re.findall(r"`([a-z-]+)`", row.split("gatekeeper/rule.py`):")[1].split(";")[0])
+    assert listed == [rule.value for rule in Rule]
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    named = {
+        path
+        for doc in DOCS
+        for path in re.findall(
+            r"`((?:gatekeeper|tests|bench|deploy|policies|schemas)/[\w./-]+\.[a-z]+)`",
+            doc.read_text(),
+        )
+    }
+    assert len(named) > 20
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
