@@ -316,12 +316,23 @@ class _Bindings:
             "request": request,
             "variables": self._values,
         }
+        self._activation: Any = None
 
     def activation(self, program: Program) -> Any:
         for variable in self._rules.needed(program):
             if variable.name not in self._values:
-                self._values[variable.name] = evaluate(variable.program, activation(self._data))
-        return activation(self._data)
+                self._values[variable.name] = evaluate(variable.program, self._bound())
+                self._activation = None
+        return self._bound()
+
+    def _bound(self) -> Any:
+        # One activation for every expression of this write: the runtime converts a value
+        # the first time an expression reads it and keeps it, so the object is converted once,
+        # not once per expression (~30 µs for a 2 KB slice). It keeps ``variables`` as it was
+        # when first read: a variable evaluated since needs a new activation.
+        if self._activation is None:
+            self._activation = activation(self._data)
+        return self._activation
 
 
 def in_scope(
