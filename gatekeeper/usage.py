@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["UsageParser"]
 
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)$")
+_MADE: list[argparse.ArgumentParser] = []
+"""The parsers of this run, subcommands' included: an unrecognized argument is reported by the
+top-level parser, which does not know their flags; their help texts do."""
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -23,13 +26,10 @@ class UsageParser(argparse.ArgumentParser):
     """
 
     command = "dra-gatekeeper"
-    _made: ClassVar[list[UsageParser]] = []
-    """The parsers of this run, subcommands' included: an unrecognized argument is reported by
-    the top-level parser, which does not know their flags; their help texts do."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        UsageParser._made.append(self)
+        _MADE.append(self)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.command}: {message}{_hint(message)}\n")
@@ -53,6 +53,4 @@ def _hint(message: str) -> str:
 
 
 def _known_flags() -> list[str]:
-    return sorted(
-        {flag for parser in UsageParser._made for flag in _FLAG.findall(parser.format_help())}
-    )
+    return sorted({flag for parser in _MADE for flag in _FLAG.findall(parser.format_help())})

@@ -69,6 +69,8 @@ def _sorted_verbs(verbs: set[str]) -> list[str]:
 
 
 def _kind_rules(spec: KindSpec, drivers: frozenset[str]) -> list[dict[str, Any]]:
+    if not spec.verbs:
+        return []  # a kind the policy names but allows nothing of (a rule with no verbs is invalid)
     verbs = set(spec.verbs)
     if verbs & _FETCHING_VERBS:
         verbs.add("get")  # SECURITY: DESIGN §4.4 — a write is decided on the fetched object

@@ -73,6 +73,7 @@ class CelContext:
             "operation": operation,
             "userInfo": user_info(self._identity, self._node),
             "dryRun": info.query_value("dryRun") == "All",
+            "options": _options(info),
         }
 
     def holds_scope(self, cel: CelRules, obj: Any, verb: str) -> bool:
@@ -104,6 +105,20 @@ class CelContext:
             refused = forbid(self._identity.driver, self._info, why, rule=Rule.CEL_VALIDATION)
             return _named(refused, outcome.name)
         return _named(deny(outcome.code, why, rule=Rule.CEL_VALIDATION), outcome.name)
+
+
+def _options(info: RequestInfo) -> dict[str, Any]:
+    """``request.options``: the write's options as its query gives them (an apply's
+    ``fieldManager`` and ``force``), as the apiserver's CreateOptions, UpdateOptions or
+    PatchOptions would hold them."""
+    options: dict[str, Any] = {}
+    if (manager := info.query_value("fieldManager")) is not None:
+        options["fieldManager"] = manager
+    if (force := info.query_value("force")) is not None:
+        options["force"] = force.lower() in ("1", "t", "true")
+    if (dry_run := info.query_value("dryRun")) is not None:
+        options["dryRun"] = [dry_run]
+    return options
 
 
 def _named(decision: Decision, validation: str) -> Decision:

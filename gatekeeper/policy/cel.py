@@ -276,21 +276,26 @@ def run_validations(
     each of ``scoped`` (``object``, ``oldObject``: the object written, the one stored), then
     every validation. The first that does not hold refuses; None when all hold."""
     names = {id(variable.program): f"variables.{variable.name}" for variable in rules.variables}
+    bindings: _Bindings | None = None
+    current: Program | None = None
     try:
         if rules.scope is not None:
             names[id(rules.scope)] = "scope"
             for root in scoped:
                 subject = obj if root == "object" else old
-                bindings = _Bindings(rules, subject, None, request, builtins)
+                bindings, current = _Bindings(rules, subject, None, request, builtins), rules.scope
                 if not _holds(rules.scope, bindings.activation(rules.scope)):
                     return Outcome("scope", 403, _scope_message(root, rules.scope))
         bindings = _Bindings(rules, obj, old, request, builtins)
         for validation in rules.validations:
             names[id(validation.program)] = validation.name
+            current = validation.program
             if not _holds(validation.program, bindings.activation(validation.program)):
                 message = _message(validation, bindings)
                 return Outcome(validation.name, validation.reason.code, message)
     except EvaluationError as exc:
+        if bindings is not None and current is not None:
+            exc = bindings.cause(current, exc)  # a variable it read failed: name that one
         name = names.get(id(exc.program), exc.program.where)
         return Outcome(name, 403, f"{name} could not be evaluated: {exc}", error=str(exc))
     return None
@@ -298,7 +303,14 @@ def run_validations(
 
 class _Bindings:
     """``object``, ``oldObject``, ``request`` and ``variables`` of one evaluation; a variable is
-    evaluated the first time an expression needs it, once."""
+    evaluated the first time an expression may need it, once.
+
+    As an admission policy's, a variable that fails refuses only an expression that reads it: a
+    failed one is left out of ``variables``, so that reading it is an error (fail closed),
+    while an expression whose short-circuit never reads it (``request.operation == 'DELETE' ||
+    variables.x …``) is not refused for it. :meth:`cause` names the failed variable behind an
+    expression's error.
+    """
 
     def __init__(
         self,
@@ -310,6 +322,7 @@ class _Bindings:
     ) -> None:
         self._rules = rules
         self._values: dict[str, Any] = dict(builtins)
+        self._failed: dict[str, EvaluationError] = {}
         self._data = {
             "object": obj,
             "oldObject": old,
@@ -320,9 +333,14 @@ class _Bindings:
 
     def activation(self, program: Program) -> Any:
         for variable in self._rules.needed(program):
-            if variable.name not in self._values:
-                self._values[variable.name] = evaluate(variable.program, self._bound())
-                self._activation = None
+            if variable.name not in self._values and variable.name not in self._failed:
+                try:
+                    value = evaluate(variable.program, self._bound())
+                except EvaluationError as exc:
+                    self._failed[variable.name] = exc
+                else:
+                    self._values[variable.name] = value
+                    self._activation = None
         return self._bound()
 
     def _bound(self) -> Any:
@@ -333,6 +351,14 @@ class _Bindings:
         if self._activation is None:
             self._activation = activation(self._data)
         return self._activation
+
+    def cause(self, program: Program, error: EvaluationError) -> EvaluationError:
+        """The failure of a variable ``program`` needs, if one failed (else ``error``)."""
+        for variable in self._rules.needed(program):
+            # The runtime's error of reading an absent key names the key.
+            if variable.name in self._failed and f'"{variable.name}"' in str(error):
+                return self._failed[variable.name]
+        return error
 
 
 def in_scope(

@@ -233,7 +233,8 @@ class Engine:
         if rule is KindRule.ON_NODE:
             return OnNodeOwner(version.paths[Field.NODE], self.node_name)
         if rule is KindRule.OWN_NODE:
-            if info.name != self.node_name:
+            listing = info.verb in ("list", "watch")
+            if info.name != self.node_name and not listing:
                 return self._own_node_only(driver, info, kind)
             return OwnObjectOwner(version.may_change)
         if rule is KindRule.OWN_POD:
@@ -279,7 +280,8 @@ class Engine:
                 "(the token listener)",
                 rule=Rule.OWN_OBJECT_ONLY,
             )
-        if (info.namespace, info.name) != (account[0], pod[0]):
+        listing = info.verb in ("list", "watch") and info.namespace == account[0]
+        if (info.namespace, info.name) != (account[0], pod[0]) and not listing:
             return forbid(
                 identity.driver,
                 info,
@@ -387,6 +389,13 @@ class Engine:
             )
         if kind.rule is KindRule.DRIVER_NAMESPACE:
             return allow("objects in the driver's namespace", info)
+        if kind.rule is KindRule.OWN_NODE:
+            # SECURITY: DESIGN §4.3 — the one object, by name: an informer of the node's Node.
+            return self._pin_selector(plan, {"metadata.name": self.node_name})
+        if kind.rule is KindRule.OWN_POD:
+            pod = plan.identity.pod
+            assert pod is not None  # _own_pod refused a caller without one
+            return self._pin_selector(plan, {"metadata.name": pod[0]})
         selectors = plan.version.selectors
         wanted = {selectors[Field.NODE]: self.node_name}
         if kind.rule is KindRule.NODE_LOCAL:
@@ -416,9 +425,7 @@ class Engine:
                 return forbid(driver, info, why, rule=Rule.SELECTOR_REQUIRED)
             if not pinned:
                 missing.append(FieldRequirement(key, "=", want))
-        what = " and ".join(
-            "the driver" if value == plan.driver else "this node" for value in wanted.values()
-        )
+        what = ", ".join(f"{key}={value}" for key, value in wanted.items())
         if not missing:
             return allow(f"field selector pins {what}", info)
         if kind.list_selector is ListSelectorMode.INJECT:

@@ -38,9 +38,10 @@ ALL_VERBS = frozenset(
 )
 ALLOCATED_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
 """The verbs an AllocatedToDriver kind may allow: reads, and writes of its status."""
-OWN_NODE_VERBS = frozenset({"get", "update", "patch"})
-"""The verbs an OwnNode or OwnPod kind may allow: reading the one object, and changing what its
-``mayChange`` names."""
+OWN_NODE_VERBS = frozenset({"get", "list", "watch", "update", "patch"})
+"""The verbs an OwnNode or OwnPod kind may allow: reading the one object (a list or watch of
+it by ``fieldSelector=metadata.name=<name>``, as an informer of one object does), and changing
+what its ``mayChange`` names."""
 POOL_SEPARATORS = ("/", "-", ".")
 """What a policy may let follow the node name in a pool name (``poolSeparators``)."""
 ENCODINGS = ("json", "protobuf", "cbor")

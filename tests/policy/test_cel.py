@@ -201,6 +201,23 @@ def test_a_failing_variable_refuses_and_names_itself() -> None:
     assert not refused.allowed and refused.validation == "variables.broken"
 
 
+def test_a_failing_variable_a_short_circuit_skips_refuses_nothing() -> None:
+    """As in an admission policy: ``object`` is null on a DELETE, and a variable that reads it
+    fails, but a validation that does not reach it on a DELETE is not refused for it."""
+    keys = (
+        "variables:\n  - name: pool\n    expression: object.spec.pool.name\n"
+        "validations:\n  - expression: >-\n      request.operation == 'DELETE' ||\n"
+        "      variables.pool.startsWith(variables.node + '/fpga-')\n"
+    )
+    loaded = policy(kind_keys=keys)
+    stored = slice_v1()
+    stored["metadata"].update(resourceVersion="3", uid="u")
+    info = parse_request("DELETE", f"{SLICES}/s1")
+    assert decide_offline(Engine(loaded, NODE), GPU, info, None, stored).allowed
+    refused = create(loaded, slice_v1(pool="node-a/gpus"))
+    assert not refused.allowed and refused.validation == "validations[0]"
+
+
 def test_variables_are_lazy_as_in_an_admission_policy() -> None:
     """A variable no evaluated expression reads is never evaluated: it cannot refuse."""
     keys = (

@@ -102,8 +102,9 @@ def test_apiserver_immutable_must_cover_every_located_field_to_count() -> None:
         ),
         (nodes(scope="Namespaced"), "kinds[1].scope: must be Cluster (rule OwnNode)"),
         (
-            nodes(extra="    verbs: [get, list]\n"),
-            "kinds[1].verbs[1]: 'list' is not one of get, update, patch (rule OwnNode)",
+            nodes(extra="    verbs: [get, create]\n"),
+            "kinds[1].verbs[1]: 'create' is not one of get, list, watch, update, patch "
+            "(rule OwnNode)",
         ),
         (
             nodes(extra="    verbs: [get]\n    subresources: [status]\n"),
@@ -125,7 +126,7 @@ def test_apiserver_immutable_must_cover_every_located_field_to_count() -> None:
         "apiserver-immutable-not-a-list",
         "apiserver-immutable-unlocated",
         "own-node-namespaced",
-        "own-node-list",
+        "own-node-create",
         "own-node-subresource",
         "own-node-fill",
         "own-node-paths",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Credentials, KindRule
-from gatekeeper.policyfile import load_policy
+from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.policytest import load_test_file, run_files
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
@@ -74,3 +74,21 @@ def test_driver_credentials_are_marked_on_the_decision_and_nothing_is_read() -> 
     assert decision.body == body
     plan = Engine(POLICY, NODE).plan(TOKEN, info)
     assert not isinstance(plan, type(decision)) and plan.fetch is None
+
+
+def test_an_informer_of_the_own_node_lists_and_watches_it_by_name() -> None:
+    """A node informer lists and watches with fieldSelector metadata.name=<node>: allowed where
+    the policy lists those verbs, and pinned to this node's name."""
+    text = (RULES / "rules.yaml").read_text().replace(
+        "    verbs: [get, patch, update]", "    verbs: [get, list, watch, patch, update]"
+    )
+    policy = parse_policy(text, "p.yaml", directory=str(RULES))
+    engine = Engine(policy, NODE)
+    for target, allowed in (
+        ("/api/v1/nodes?fieldSelector=metadata.name%3Dnode-a", True),
+        ("/api/v1/nodes?fieldSelector=metadata.name%3Dnode-a&watch=true", True),
+        ("/api/v1/nodes?fieldSelector=metadata.name%3Dnode-b", False),
+        ("/api/v1/nodes", False),
+    ):
+        decision = decide_offline(engine, TOKEN, parse_request("GET", target))
+        assert decision.allowed is allowed, (target, decision.reason)
