@@ -1,4 +1,4 @@
-"""The benchmark's results as Markdown tables (what the README's Performance section shows)."""
+"""The benchmark's results as Markdown tables (what docs/development.md#benchmarks shows)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class Limits:
     progress, certificates that name no driver. They never take a driver's capacity; when
     they are this many, the oldest is closed for a new one. As many as ``connections_total``:
     after a restart every driver's connection comes back at once, and each is in this bucket
-    until its handshake is done (docs/operating.md, "Connection storms")."""
+    until its handshake is done (docs/operating.md#connection-storms)."""
     health_connections: int = 64
     """Open connections to the health listener (anyone who reaches it may connect); when they
     are this many, the oldest one not answering a probe is closed for a new one."""

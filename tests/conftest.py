@@ -35,7 +35,7 @@ from gatekeeper.testing.harness import (
 )
 
 # Property tests: "ci" is bounded to a few seconds; GATEKEEPER_HYPOTHESIS_PROFILE=long (or
-# pytest --hypothesis-profile=long) runs far more examples (README, "Property tests").
+# pytest --hypothesis-profile=long) runs far more examples (docs/development.md#property-tests).
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

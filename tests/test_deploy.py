@@ -332,7 +332,7 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_nothing_big(
 IMAGE_BASE = os.environ.get("DRA_GATEKEEPER_IMAGE_TEST")
 if IMAGE_BASE:
     # Needs a container engine and the base image (a registry, or a local substitute): run on
-    # request (README "Run the tests"), never skipped for their absence.
+    # request (README.md#run-the-tests), never skipped for their absence.
 
     def test_the_image_builds_and_runs_as_65532() -> None:
         tag = "dra-gatekeeper:test"

@@ -35,7 +35,7 @@ class AuditSink(Protocol):
     """Where events go. ``emit`` may wait for room; ``close``/``aclose`` flush everything.
 
     ``writable`` is False while events cannot be written: the proxy then refuses every request
-    (503) rather than serve it unaudited (README, "Faults"). Every sink says it; a
+    (503) rather than serve it unaudited (docs/operating.md#faults). Every sink says it; a
     sink that could not would be an interface error, never "writable".
     """
 
@@ -176,7 +176,7 @@ class JsonLinesWriter:
     @property
     def writable(self) -> bool:
         """False while the log cannot be written: the proxy then refuses requests (503)
-        rather than serve them unaudited (README, "Faults")."""
+        rather than serve them unaudited (docs/operating.md#faults)."""
         return not self.failing
 
     async def emit(self, event: dict[str, Any]) -> None:

@@ -96,13 +96,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in COMMANDS:
-        return _runner(args[0])(args[1:])
+        try:
+            return _runner(args[0])(args[1:])
+        except BrokenPipeError:
+            return _reader_gone()
     namespace = build_parser().parse_args(args)
     try:
         return _serve(namespace)
     except ConfigError as exc:
         print(f"dra-gatekeeper: {exc}", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> int:
+    """Whoever read the output stopped (``… | head``): not a fault of the command, so no
+    traceback; exit as a shell reports a process ended by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not raise again
+    return 128 + 13
 
 
 def _serve(ns: argparse.Namespace) -> int:

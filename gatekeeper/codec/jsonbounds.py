@@ -7,7 +7,7 @@ thread and every recursive function of the process), :func:`parse_bounded` parse
 decoder and, only when that overflows, walks the containers on the too-deep spine itself,
 iteratively: every subtree the C decoder can take is still parsed in C, and a subtree nested
 deeper than the caller's limit is skipped by a bracket scan and replaced by :data:`TOO_DEEP`.
-Callers decide per object with :func:`within_depth` (README, "Bounded parsing").
+Callers decide per object with :func:`within_depth` (docs/design-decisions.md#bounded-parsing).
 """
 
 from __future__ import annotations

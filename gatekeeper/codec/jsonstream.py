@@ -1,4 +1,4 @@
-"""A JSON list document read as it arrives, one item at a time (README, "Filtered reads").
+"""A JSON list document read as it arrives, one item at a time (docs/operating.md#filtered-reads).
 
 :class:`ListReader` takes the chunks of ``{"kind": …, "metadata": {…}, "items": [ … ]}`` and
 hands back each item of ``items`` as soon as it is complete, parsed, with its exact text; the

@@ -1,5 +1,5 @@
-"""Connection capacity: who holds how many open connections, per listener kind (README,
-"Limits").
+"""Connection capacity: who holds how many open connections, per listener kind
+(docs/operating.md#limits).
 
 Drivers' connections are capped per driver and in total, separately for each listener kind
 (Unix sockets, mTLS, …), so that no listener takes another's capacity. Connections that are

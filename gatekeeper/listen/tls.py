@@ -79,10 +79,11 @@ def _build_context(files: TLSFiles) -> ssl.SSLContext:
         context.verify_mode = ssl.CERT_NONE
         _load_pair(context, files.cert_file, files.key_file)
         return context
-    # SECURITY: README "Limits" — the certificate is required and verified at the handshake:
+    # SECURITY: docs/operating.md#limits — the certificate is required and verified at the
+    # handshake:
     # a process without a credential gets no HTTP connection at all, so it can hold nothing
     # but a handshake in the listener's small unauthenticated bucket (the driver without a
-    # certificate sees a TLS error, not a 401; README "Troubleshooting").
+    # certificate sees a TLS error, not a 401; docs/operating.md#troubleshooting).
     context.verify_mode = ssl.CERT_REQUIRED
     _load_pair(context, files.cert_file, files.key_file)
     _readable("--client-ca-file", files.client_ca_file)

@@ -1,5 +1,5 @@
 """The TLS listeners' accept loop, so that every connection is counted from the moment it is
-accepted (README, "Limits").
+accepted (docs/operating.md#limits).
 
 With aiohttp's own site, asyncio runs the handshake before aiohttp sees the connection: a
 connection is invisible to the connection caps until its handshake ends, and one that never

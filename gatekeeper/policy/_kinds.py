@@ -124,7 +124,7 @@ def _check_apiserver_immutable(raw: RawKind, versions: dict[str, VersionSpec]) -
                 f"{raw.qualified} {name}, a kind outside the built-in Kubernetes API groups: "
                 f"only its CRD's validation (a rule self == oldSelf on each field) makes that "
                 f"true. Confirm it with `{CONFIRMED}: {raw.qualified}` on the kind, or drop "
-                f"{APISERVER_IMMUTABLE} (README, apiserverImmutable)",
+                f"{APISERVER_IMMUTABLE} (docs/policy.md#apiserverimmutable-a-security-assertion)",
                 APISERVER_IMMUTABLE,
             )
         return False

@@ -380,8 +380,9 @@ class Engine:
                     "again without continue"
                 )
                 return deny(400, CONTINUE_REFUSED, message, rule=Rule.CONTINUE_REFUSED)
-            # SECURITY: README "Filtered reads" — answered in full: the driver's limit is not
-            # passed on (the proxy pages the upstream itself and hands out no continue token).
+            # SECURITY: docs/operating.md#filtered-reads — answered in full: the driver's limit
+            # is not passed on (the proxy pages the upstream itself and hands out no continue
+            # token).
             target = info.with_query("limit", None)
             assert callable(owner)
             return allow(

@@ -77,7 +77,7 @@ any other group is a custom resource (``devmgmtproto.k8s.io``, ``example.com``):
 apiserver refuses is whatever the cluster's CRD says today."""
 STRICT_POOL_SEPARATORS: tuple[str, ...] = ("/",)
 """The default: ``<node>`` or ``<node>/<rest>``. ``/`` cannot occur in a node name, so no
-node's pool names can collide with another's; ``-`` and ``.`` can (README, "Pool names")."""
+node's pool names can collide with another's; ``-`` and ``.`` can (docs/policy.md#pool-names)."""
 
 
 class Scope(enum.Enum):

@@ -1,7 +1,7 @@
 """Ownership checks for NodeLocal kinds: driver, node and node-prefixed pool (DESIGN §4.3).
 
 A pool name is the node name, or the node name, one of the kind's ``poolSeparators`` (by
-default only ``/``) and more: README "Pool names" shows why ``<node>-<rest>`` is opt-in.
+default only ``/``) and more: docs/policy.md#pool-names shows why ``<node>-<rest>`` is opt-in.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def collection_pool_violation(
 
     SECURITY: DESIGN §4.3 — get and delete refuse a stored object whose pool breaks the rule,
     so deletecollection must not reach it either. Where the pool cannot be selected on (the
-    ResourceSlice ``spec.pool.name``), README "Pool names" says what remains.
+    ResourceSlice ``spec.pool.name``), docs/policy.md#pool-names says what remains.
     """
     key = version.selectors.get(Field.POOL)
     if key is None:

@@ -6,8 +6,8 @@ here.
 
 A file names a policy (relative to the file, or ``packaged:<name>``), a node, optionally its
 labels and the drivers allowed on it (as ``serve --node-label``/``--driver``), and cases. Each
-case is one request of one driver, the objects already stored, and what must happen. See README
-"Policy tests in CI".
+case is one request of one driver, the objects already stored, and what must happen. See
+docs/policy-tests.md.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def load_test_file(path: str) -> TestFile:
         raise file.fault(
             ("kind",),
             "this is a policy (kind: Policy), not a test file: a test file names it with "
-            "`policy: <file>` and lists `cases` (README, Policy tests; e.g. "
+            "`policy: <file>` and lists `cases` (docs/policy-tests.md; e.g. "
             "policies/default_test.yaml)",
         )
     fault = first_fault(POLICY_TEST, doc)

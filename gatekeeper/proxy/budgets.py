@@ -1,5 +1,5 @@
 """Per-driver budgets: what one driver may hold at once, so no driver can starve another
-(README, "Limits"). Over budget is a 429 Refusal with Retry-After.
+(docs/operating.md#limits). Over budget is a 429 Refusal with Retry-After.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ class DriverBudgets:
 
     @asynccontextmanager
     async def filtered_read(self, driver: str) -> AsyncIterator[None]:
-        """Hold one of ``driver``'s filtered-read turns for the duration (README, "Filtered
-        reads"); wait for one up to ``upstream_wait``, then Refusal(429). Drivers never wait
-        for each other's turns."""
+        """Hold one of ``driver``'s filtered-read turns for the duration
+        (docs/operating.md#filtered-reads); wait for one up to ``upstream_wait``, then
+        Refusal(429). Drivers never wait for each other's turns."""
         turns = self._filtered.get(driver)
         if turns is None:
             turns = self._filtered[driver] = _Turns(self.limits.filtered_reads_per_driver)

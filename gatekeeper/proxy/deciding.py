@@ -52,7 +52,7 @@ async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity
     """Who is calling: the identity its connection was given when it was made (the socket
     directory, the verified client certificate), or on the token listener the service account
     of the request's bearer token (reviewed, cached), whose connection is then counted as that
-    driver's (README, "Limits")."""
+    driver's (docs/operating.md#limits)."""
     connection = request.protocol
     if not isinstance(connection, Connection) or connection.client is None:
         raise Refusal(401, "connection not identified", "Unauthorized: no identity")

@@ -88,7 +88,7 @@ async def _serve(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.St
     screen_request(request.method, request.headers)
     flow.info = parse_request(request.method, request.raw_path)
     if not gk.audit.writable:
-        # SECURITY: README "Faults" — fail closed: nothing is served that is not audited.
+        # SECURITY: docs/operating.md#faults — fail closed: nothing is served that is not audited.
         raise Refusal(
             503,
             "the audit log cannot be written",
@@ -97,7 +97,7 @@ async def _serve(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.St
             rule=Rule.AUDIT_UNWRITABLE,
             retry_after=5,
         )
-    # SECURITY: README "Limits" — one driver's requests and watches are bounded, so they
+    # SECURITY: docs/operating.md#limits — one driver's requests and watches are bounded, so they
     # cannot take the place (upstream connections, memory) of another driver's: 429.
     with gk.budgets.admit(flow.identity.driver, watch=flow.long_running):
         flow.decision = await decide(request, flow, gk)

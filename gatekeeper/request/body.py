@@ -141,8 +141,9 @@ def decode_json(raw: bytes) -> Any:
 
 
 def _too_deep() -> Refusal:
-    # SECURITY: README "Bounded parsing" — the apiserver accepts 10,000 levels; the gatekeeper
-    # decides on, copies and compares bodies, and a driver has no use for more than this.
+    # SECURITY: docs/design-decisions.md#bounded-parsing — the apiserver accepts 10,000
+    # levels; the gatekeeper decides on, copies and compares bodies, and a driver has no use
+    # for more than this.
     return Refusal(
         400,
         f"request body is nested more than {MAX_BODY_DEPTH} levels deep",

@@ -51,7 +51,7 @@ class Group(Enum):
 
     SOURCE = "this node, its policy and upstream"
     LISTENERS = "listeners (at least one is required)"
-    LIMITS = "limits (README, Limits)"
+    LIMITS = "limits (docs/operating.md#limits)"
     OUTPUT = "audit, health and lifecycle"
 
 
@@ -168,7 +168,7 @@ _LISTENERS = (
          Group.LISTENERS, kind=float, default=2.0, check=_token_cache_ttl,
          doc="reuse a driver's TokenReview at most this long after it was asked, never past "
          "the token's `exp`: the most a token works after the apiserver stopped accepting it "
-         "(at most 10; [docs/security.md](docs/security.md#how-long-a-token-works))"),
+         "(at most 10; [security.md](security.md#how-long-a-token-works))"),
     Flag("--socket-dir", "DIR", "listen on DIR/<driver>/api.sock for each driver (default: "
          "no socket listener)", Group.LISTENERS,
          doc="listen on `DIR/<driver>/api.sock` for each driver (mode 0660); one gatekeeper "

@@ -288,9 +288,9 @@ class GatekeeperServer:
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
         site: web.BaseSite
         kind = listener.kind
-        # Every driver's connection comes back at once after a restart (docs/operating.md,
-        # "Connection storms"): the kernel holds as many as the cap while they are accepted
-        # (Linux caps it at net.core.somaxconn, 4,096 by default).
+        # Every driver's connection comes back at once after a restart
+        # (docs/operating.md#connection-storms): the kernel holds as many as the cap while they
+        # are accepted (Linux caps it at net.core.somaxconn, 4,096 by default).
         backlog = self.config.limits.connections_total
         tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
         if (context := tls.get(kind)) is not None:

@@ -46,7 +46,8 @@ _JSON = "application/json"
 
 Pool = Literal["own", "requests", "watches", "reviews"]
 """Whose request it is: the gatekeeper's own reads (fetch, dry run), drivers' requests, drivers'
-watches, the token listener's TokenReviews. Each has its own connections (README, "Limits")."""
+watches, the token listener's TokenReviews. Each has its own connections
+(docs/operating.md#limits)."""
 AnswerHook = Callable[[str, float, aiohttp.ClientResponse, bool], None]
 """Called once the upstream's response headers arrived: method, seconds taken, the response,
 and whether it is a watch (metrics and shutdown keep track of them; no aiohttp trace, whose
@@ -190,7 +191,7 @@ class UpstreamSession:
         self._ssl = ssl_context if ssl_context is not None else build_ssl_context(config)
         self._on_answer = on_answer
         self.limits = limits
-        # SECURITY: README "Limits" — four pools, so that drivers' watches (which hold a
+        # SECURITY: docs/operating.md#limits — four pools, so that drivers' watches (which hold a
         # connection for as long as they last) never make the gatekeeper's own reads, or other
         # drivers' requests, wait: "own" (fetches, previews), "requests", "watches"; and
         # TokenReviews, which anyone who reaches the token listener can cause (DESIGN §4.2,

@@ -175,8 +175,8 @@ async def test_no_secrets_in_the_log(audited: Audited, audit_level: AuditLevel) 
 
 
 @pytest.mark.parametrize(
-    # One driver, 1,000 requests at once: above the per-driver budgets (README "Limits"), which
-    # this test of the audit under load raises.
+    # One driver, 1,000 requests at once: above the per-driver budgets
+    # (docs/operating.md#limits), which this test of the audit under load raises.
     "limits",
     [Limits(inflight_per_driver=1000, connections_per_driver=1000)],
     ids=["budgets-raised"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from gatekeeper.testing.harness import (
     run_process,
     token_kubeconfig,
 )
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 @pytest.mark.parametrize(
@@ -221,3 +224,24 @@ def test_an_unknown_flag_is_answered_with_the_likely_one(
     assert code == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1
+
+
+async def test_output_cut_short_by_its_reader_is_no_traceback() -> None:
+    """``dra-gatekeeper test --output json policies/ | head -c 1``: the reader leaves early."""
+    read, write = os.pipe()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gatekeeper",
+        "test",
+        "--output",
+        "json",
+        str(POLICIES),
+        stdout=write,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(write)
+    assert os.read(read, 1) == b"{"
+    os.close(read)  # the reader is gone before the output is
+    _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 141 and b"Traceback" not in err, err.decode()

@@ -1,6 +1,5 @@
 """A node's drivers reconnecting all at once, as after a gatekeeper restart: every connection
-within the caps gets in, and none is reset on the way (docs/operating.md, "Limits",
-"Connection storms").
+within the caps gets in, and none is reset on the way (docs/operating.md#connection-storms).
 
 Each connection is unauthenticated until its handshake has verified a certificate, so a burst
 of them sits in the listener's unauthenticated bucket together: the bucket holds a whole

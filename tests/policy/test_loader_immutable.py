@@ -52,7 +52,7 @@ UNCONFIRMED = (
     "outside the built-in Kubernetes API groups: only its CRD's validation (a rule "
     "self == oldSelf on each field) makes that true. Confirm it with "
     "`apiserverImmutableConfirmed: widgets.{group}` on the kind, or drop {key} "
-    "(README, apiserverImmutable)"
+    "(docs/policy.md#apiserverimmutable-a-security-assertion)"
 )
 REFUSED = [
     (

@@ -101,7 +101,7 @@ COLLECTIONS = [
      'pins metadata.name="node-a-b"'),
     ("devicepools-not-equal-is-no-pin", POOLS, f"{PINNED},metadata.name!=x", False,
      "requires fieldSelector metadata.name="),
-    # spec.pool.name is not a ResourceSlice field selector: README "Pool names".
+    # spec.pool.name is not a ResourceSlice field selector: docs/policy.md#pool-names.
     ("slices-pool-not-selectable", SLICES, PINNED, True, ""),
 ]  # fmt: skip
 

@@ -1,7 +1,7 @@
 """Adversarial: a policy or a policy test file edited anywhere, to anything, loads or is refused
 with one line naming the file; the code after the schema never meets a value the schema let
 through but cannot read (a crash), and the schema's wording never fails (bounded by the
-hypothesis profile, README "Property tests")."""
+hypothesis profile, docs/development.md#property-tests)."""
 
 from __future__ import annotations
 

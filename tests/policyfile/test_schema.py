@@ -30,7 +30,7 @@ from gatekeeper.policy.model import (
     Scope,
     UnboundTokens,
 )
-from gatekeeper.policyfile import API_VERSION, parse_policy, schema
+from gatekeeper.policyfile import API_VERSION, schema
 from gatekeeper.policyfile._schema import KEYWORDS
 from tests.policy import test_loader_immutable
 from tests.policyfile import test_policy_files as test_loader
@@ -219,20 +219,3 @@ def test_the_documents_the_refusals_are_made_from_validate() -> None:
         ),
     ):
         assert errors(POLICY_SCHEMA, yaml.safe_load(text)) == []
-
-
-def readme_policies() -> list[str]:
-    """The policy examples of README.md's "The policy file"."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## The policy file\n") : readme.index("## Choices where")]
-    blocks = section.split("```yaml\n")[1:]
-    return [block.split("```")[0] for block in blocks if "kind: Policy" in block]
-
-
-def test_the_readme_policy_examples_load_and_validate() -> None:
-    examples = readme_policies()
-    assert len(examples) == 2
-    for text in examples:
-        policy = parse_policy(text, "README.md")
-        assert policy.kinds, text
-        assert errors(POLICY_SCHEMA, yaml.safe_load(text)) == [], text

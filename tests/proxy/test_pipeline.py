@@ -370,7 +370,8 @@ async def test_mtls_identity(gatekeeper: Running, apiserver: APIServer) -> None:
         assert response.status == 403
         assert 'driver "evil.example.com" is not allowed' in (await response.json())["message"]
     async with gatekeeper.tls_session(None) as anonymous:
-        # No certificate, no connection: refused at the handshake (README "Troubleshooting").
+        # No certificate, no connection: refused at the handshake
+        # (docs/operating.md#troubleshooting).
         with pytest.raises(aiohttp.ClientError):
             await (await anonymous.get("/version")).read()
     async with gatekeeper.tls_session(NIC) as nic:

@@ -3,7 +3,8 @@ embedded API server): a request the gatekeeper refuses never reaches the API ser
 allows reaches it once (or is a read answered from the object it checked), and no driver
 ever leaves an object in the store that breaks the rules.
 
-Bounded by the hypothesis profile (``ci`` by default; ``long`` in README "Property tests").
+Bounded by the hypothesis profile (``ci`` by default; ``long`` in
+docs/development.md#property-tests).
 """
 
 from __future__ import annotations

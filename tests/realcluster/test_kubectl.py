@@ -173,7 +173,8 @@ def test_create_get_patch_apply_delete(
     kubectl.run("apply", "--server-side", "-f", "-", stdin=kind.with_value("a100"))
     assert kind.value(admin) == "a100"
     if not kind.strategic:
-        # README "The policy file" (immutable): for a kind whose driver, node and pool fields
+        # docs/policy.md#apiserverimmutable-a-security-assertion: for a kind whose driver,
+        # node and pool fields
         # the policy does not list as immutable (DevicePool), an apply that creates is
         # forwarded as a create, so kubectl's fields are first owned by an Update of the
         # manager "kubectl"; the apply that first changes one conflicts with it, once.

@@ -3,7 +3,8 @@ RequestInfo resolver (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go, wri
 its source, not from gatekeeper/request/requestinfo.py): whatever the gatekeeper accepts, it reads
 as the apiserver will; whatever it cannot read the same way, it refuses with 400 or 403.
 
-Hypothesis profiles: ``ci`` (default, a few seconds) and ``long``; README "Property tests".
+Hypothesis profiles: ``ci`` (default, a few seconds) and ``long``;
+docs/development.md#property-tests.
 """
 
 from __future__ import annotations
