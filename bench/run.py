@@ -6,7 +6,8 @@
 Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and on, a policy
 with CEL) vs kube-rbac-proxy (built with Go when it is installed) vs nginx as a plain reverse
 proxy (when installed) vs a naive aiohttp pass-through, against one fast fixed-answer HTTPS
-upstream; small GET, 2 KB create, update (fetch + write), each write also
+upstream; small GET, 2 KB create, update (carrying its resourceVersion: no read unless the
+policy has CEL), each write also
 in protobuf as client-go sends it (the gatekeeper adds a ``dryRun=All`` round trip to decode
 it), pinned list of 500 slices (~1 MB), at each concurrency; interleaved repetitions (median
 of ``--reps``);
@@ -65,10 +66,13 @@ WORKLOADS = {
         counter_width=COUNTER_WIDTH,
     ),
     "update": Workload(
-        "update (fetch + write)", "PUT", f"{SLICES}/node-a-bench", json.dumps(item_slice()).encode()
+        "update (with its resourceVersion)",
+        "PUT",
+        f"{SLICES}/node-a-bench",
+        json.dumps(item_slice()).encode(),
     ),
     "update-pb": Workload(
-        "update (fetch + write), protobuf",
+        "update (with its resourceVersion), protobuf",
         "PUT",
         f"{SLICES}/node-a-bench",
         slice_protobuf(item_slice()),
