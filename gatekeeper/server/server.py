@@ -62,7 +62,6 @@ __all__ = [
 log = logging.getLogger("gatekeeper.server")
 
 
-
 def socket_path(socket_dir: Path, driver: str) -> Path:
     """``DIR/<driver>/api.sock``: a driver pod mounts only its own directory (DESIGN §4.2)."""
     return socket_dir / driver / SOCKET_NAME
