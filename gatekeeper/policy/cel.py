@@ -329,17 +329,28 @@ class _Bindings:
             "request": request,
             "variables": self._values,
         }
+        self._activation: Any = None
 
     def activation(self, program: Program) -> Any:
         for variable in self._rules.needed(program):
             if variable.name not in self._values and variable.name not in self._failed:
                 try:
-                    value = evaluate(variable.program, activation(self._data))
+                    value = evaluate(variable.program, self._bound())
                 except EvaluationError as exc:
                     self._failed[variable.name] = exc
                 else:
                     self._values[variable.name] = value
-        return activation(self._data)
+                    self._activation = None
+        return self._bound()
+
+    def _bound(self) -> Any:
+        # One activation for every expression of this write: the runtime converts a value
+        # the first time an expression reads it and keeps it, so the object is converted once,
+        # not once per expression (~30 µs for a 2 KB slice). It keeps ``variables`` as it was
+        # when first read: a variable evaluated since needs a new activation.
+        if self._activation is None:
+            self._activation = activation(self._data)
+        return self._activation
 
     def cause(self, program: Program, error: EvaluationError) -> EvaluationError:
         """The failure of a variable ``program`` needs, if one failed (else ``error``)."""

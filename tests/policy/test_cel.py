@@ -127,6 +127,24 @@ def test_variables_are_evaluated_in_order_and_read_by_later_ones() -> None:
     assert not create(loaded, slice_v1(pool="node-a/gpus")).allowed
 
 
+def test_a_variable_first_read_by_a_later_validation_is_seen_by_it() -> None:
+    """The validations of one write share what the runtime converted; a variable evaluated
+    after the first validation ran is still in reach of the next."""
+    keys = """\
+    variables:
+      - name: pool
+        expression: object.spec.pool.name
+    validations:
+      - expression: object.spec.driver == variables.driver
+      - expression: variables.pool.startsWith(variables.node + '/fpga-')
+      - expression: object.spec.devices.size() == 0
+    """
+    loaded = policy(kind_keys=keys)
+    assert create(loaded, slice_v1()).allowed
+    refused = create(loaded, slice_v1(pool="node-a/gpus"))
+    assert not refused.allowed and refused.validation == "validations[1]"
+
+
 def test_the_optional_syntax_of_drivers_admission_policies() -> None:
     keys = """\
     variables:
