@@ -7,7 +7,7 @@ Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and
 with CEL) vs kube-rbac-proxy (built with Go when it is installed) vs nginx as a plain reverse
 proxy (when installed) vs a naive aiohttp pass-through, against one fast fixed-answer HTTPS
 upstream; small GET, 2 KB create, update (carrying its resourceVersion: no read unless the
-policy has CEL), each write also
+policy's CEL names ``oldObject``), each write also
 in protobuf as client-go sends it (the gatekeeper adds a ``dryRun=All`` round trip to decode
 it), pinned list of 500 slices (~1 MB), at each concurrency; interleaved repetitions (median
 of ``--reps``);
