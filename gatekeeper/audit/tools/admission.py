@@ -16,9 +16,19 @@ from gatekeeper.policy.admissioncheck import ExportedPolicy, Write
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 
-__all__ = ["AdmissionLayer", "AdmissionVerdict", "AdmissionView"]
+__all__ = [
+    "NO_AFTER",
+    "NO_BEFORE",
+    "NO_ITEMS",
+    "OTHER_UID",
+    "WRITE_VERBS",
+    "AdmissionLayer",
+    "AdmissionVerdict",
+    "AdmissionView",
+]
 
-_WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+"""The verbs admission sees; reads never reach a validating admission policy."""
 _AFTER_VERBS = frozenset({"create", "update", "patch"})
 _NOT_OBJECTS = (None, "Status", "Table", "PartialObjectMetadata", "PartialObjectMetadataList")
 NO_AFTER = "the stored object after the write is not in the log (no RequestResponse response)"
@@ -38,7 +48,7 @@ class AdmissionVerdict(enum.Enum):
     NOT_KNOWN = "not known"
     """A write it matches, but the log lacks an object it reads."""
     NOT_MATCHED = "not matched"
-    """Not a write it matches (a read, a kind written with the driver's own credentials)."""
+    """A write it does not match (a kind written with the driver's own credentials)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +86,10 @@ class AdmissionLayer:
         ``memory`` before the replay remembers ``record``."""
         if info.verb == "create" or not info.name:
             return True, None
+        if info.verb in _AFTER_VERBS and not (
+            record.code < 300 and _is_object(record.response_object)
+        ):
+            return False, None  # judged "not known" on the missing object after: no look-up
         path = info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
         inputs = memory.inputs(record, info, path, driver, node)
         return inputs.basis != "metadata", inputs.current
@@ -89,7 +103,7 @@ class AdmissionLayer:
         before: tuple[bool, KubeObject | None],
     ) -> AdmissionView:
         """The verdict on ``record``, a request the gatekeeper forwards."""
-        if info.verb not in _WRITE_VERBS or not info.is_resource_request:
+        if info.verb not in WRITE_VERBS or not info.is_resource_request:
             return _NOT_MATCHED
         exported = self._exported(policy)
         if isinstance(exported, str):
@@ -122,11 +136,13 @@ def _collection(
     )
     if record.code >= 300 or not isinstance(items, list):
         return AdmissionView(AdmissionVerdict.NOT_KNOWN, NO_ITEMS)
+    # A list's items carry no kind of their own: an object is a mapping with metadata.
+    if not all(isinstance(i, dict) and isinstance(i.get("metadata"), dict) for i in items):
+        return AdmissionView(AdmissionVerdict.NOT_KNOWN, NO_ITEMS)
     for item in items:
-        if _is_object(item):
-            view = _verdict(exported, _write(info, None, item, _name(item)), node)
-            if view.verdict is AdmissionVerdict.REFUSES:
-                return view
+        view = _verdict(exported, _write(info, None, item, _name(item)), node)
+        if view.verdict is AdmissionVerdict.REFUSES:
+            return view
     return AdmissionView(AdmissionVerdict.ALLOWS)
 
 

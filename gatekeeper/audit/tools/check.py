@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.audit.event import VALIDATION_ANNOTATION
-from gatekeeper.audit.tools.admission import AdmissionLayer, AdmissionVerdict, AdmissionView
+from gatekeeper.audit.tools.admission import (
+    WRITE_VERBS,
+    AdmissionLayer,
+    AdmissionVerdict,
+    AdmissionView,
+)
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.audit.tools.replay import (
     BASES,
@@ -36,7 +41,7 @@ from gatekeeper.policy.plan import Preview
 from gatekeeper.request.requestinfo import RequestInfo, parse_request
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["Change", "CheckReport", "check_records", "format_report"]
+__all__ = ["AdmissionRefused", "Change", "CheckReport", "check_records", "format_report"]
 
 # Refusals made before the engine, for reasons the log does not carry (body size and media
 # type, rate limits, identity): the replay cannot re-decide them.
@@ -142,7 +147,8 @@ def check_records(
         if engine is None:
             allowed = policy.with_drivers(frozenset({record.driver})) if seen else policy
             engine = engines[key] = Engine(allowed, node)
-        info = _info(record)
+        # Only writes reach admission: reads are not parsed twice.
+        info = _info(record) if record.verb in WRITE_VERBS else None
         before = layer.before(memory, record, info, record.driver, node) if info else None
         if record.impersonated:
             # SECURITY: DESIGN §4.5 — the gatekeeper refuses Impersonate-* headers.
@@ -321,7 +327,7 @@ def _admission_counts(report: CheckReport) -> list[str]:
         f"admission policy (the apiserver's second layer): {judged} writes allowed now judged: "
         f"{counts[AdmissionVerdict.ALLOWS]} allowed, {counts[AdmissionVerdict.REFUSES]} refused, "
         f"{counts[AdmissionVerdict.NOT_KNOWN]} not known; "
-        f"{counts[AdmissionVerdict.NOT_MATCHED]} requests it does not match"
+        f"{counts[AdmissionVerdict.NOT_MATCHED]} writes it does not match"
     ]
     lines += [
         f"{count} admission not known: {why}"

@@ -116,3 +116,27 @@ async def test_a_policy_that_cannot_be_exported_says_so(
     assert report.admission[AdmissionVerdict.NOT_KNOWN] == 3, format_report(report)
     (why,) = report.admission_unknown
     assert why.startswith("the policy cannot be exported: ") and '"*"' in why
+
+
+async def test_a_collection_delete_is_judged_object_by_object(
+    audited: Audited, apiserver: APIServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with audited.unix_session(GPU) as gpu:
+        for name in ("node-a-gpu-0", "node-a-gpu-1"):
+            assert (await gpu.post(SLICES, json=slice_body(name=name))).status == 201
+        selector = f"fieldSelector=spec.driver%3D{GPU}%2Cspec.nodeName%3Dnode-a"
+        assert (await gpu.delete(f"{SLICES}?{selector}")).status == 200
+    await audited.stop()
+    code, out = _check(audited.log_path, "--admission", "all", capsys=capsys)
+    assert code == 0, out
+    (line,) = [x for x in out.splitlines() if " deletecollection " in x]
+    assert line.startswith("ADMISSION ALLOWS"), out
+    # The deleted objects, as the stored one of another node: refused for that one.
+    events = [json.loads(x) for x in audited.log_path.read_text().splitlines()]
+    (event,) = [e for e in events if e["verb"] == "deletecollection"]
+    event["responseObject"]["items"][1]["spec"]["nodeName"] = "node-b"
+    audited.log_path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, out = _check(audited.log_path, capsys=capsys)
+    assert code == 1, out
+    (line,) = [x for x in out.splitlines() if x.startswith("ADMISSION REFUSES")]
+    assert " deletecollection " in line and "belongs to another node or driver" in line, out
