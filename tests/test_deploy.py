@@ -71,10 +71,14 @@ def test_kustomize_builds_valid_objects_offline() -> None:
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
     assert kinds == [
         "ClusterRole/dra-gatekeeper",
+        "ClusterRole/dra-gatekeeper-ca-publisher",
         "ClusterRoleBinding/dra-gatekeeper",
+        "ClusterRoleBinding/dra-gatekeeper-ca-publisher",
         "ConfigMap/dra-gatekeeper-policy",
         "DaemonSet/dra-gatekeeper",
+        "Deployment/dra-gatekeeper-ca-publisher",
         "ServiceAccount/dra-gatekeeper",
+        "ServiceAccount/dra-gatekeeper-ca-publisher",
     ]
     configmap = next(o for o in objects if o["kind"] == "ConfigMap")
     assert configmap["data"]["policy.yaml"] == (DEPLOY / "policy.yaml").read_text()
