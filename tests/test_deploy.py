@@ -21,7 +21,15 @@ from gatekeeper.testing.harness import KUBECTL
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.32.0"
-NOT_MANIFESTS = {"kustomization.yaml", "policy.yaml", "behind-gatekeeper.yaml"}
+# Not Kubernetes objects: kustomize inputs, the policy, a kustomize patch, a Helm plugin's
+# manifest and a chart's values.
+NOT_MANIFESTS = {
+    "kustomization.yaml",
+    "policy.yaml",
+    "behind-gatekeeper.yaml",
+    "plugin.yaml",
+    "values.yaml",
+}
 MANIFESTS = sorted(path for path in DEPLOY.rglob("*.yaml") if path.name not in NOT_MANIFESTS)
 TOKEN_DRIVER = DEPLOY / "examples" / "token-driver"
 

@@ -93,9 +93,7 @@ def test_bad_input_exits_2_with_one_line(
     ca_dir = tmp_path / "ca"
     ca_dir.mkdir()
     _dir(ca_dir, files)
-    code = run_publish_ca_command(
-        ["--kubeconfig", str(kubeconfig), "--ca-dir", str(ca_dir), *args]
-    )
+    code = run_publish_ca_command(["--kubeconfig", str(kubeconfig), "--ca-dir", str(ca_dir), *args])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("dra-gatekeeper publish-ca: ") and line in err
