@@ -42,6 +42,7 @@ BUNDLE_KEY = "ca.crt"
 """The ConfigMap key a driver's projected service-account volume maps to ``ca.crt``."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "dra-gatekeeper-publish-ca"}
 _MAX_BUNDLE = 512 * 1024
+_RETRY_SECONDS = 5.0
 _TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=10)
 
 
@@ -165,7 +166,7 @@ class Publisher:
         """Reconcile until ``stopping`` is set."""
         async with self._session() as session:
             seen = self._files_signature()
-            await self.reconcile(session)
+            current = await self.reconcile(session)
             last = asyncio.get_running_loop().time()
             while not stopping.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -178,9 +179,14 @@ class Publisher:
                         self.load()
                     except ConfigError as exc:
                         log.warning("keeping the previous bundle and namespaces: %s", exc)
-                due = asyncio.get_running_loop().time() - last >= self.config.resync_seconds
+                # A pass that left a namespace behind (apiserver away, a conflict) is retried
+                # sooner than the resync.
+                wait = self.config.resync_seconds
+                if not current:
+                    wait = min(_RETRY_SECONDS, wait)
+                due = asyncio.get_running_loop().time() - last >= wait
                 if changed or due:
-                    await self.reconcile(session)
+                    current = await self.reconcile(session)
                     last = asyncio.get_running_loop().time()
 
     async def once(self) -> bool:
@@ -204,7 +210,7 @@ class Publisher:
 
     async def _one(self, session: aiohttp.ClientSession, namespace: str) -> Outcome:
         name = self.config.configmap
-        call = _Caller(session, self._headers())
+        call = _Caller(session, self._headers(), self.config.upstream.tls_server_name)
         try:
             status, stored = await call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
             if status == 404:
@@ -269,15 +275,23 @@ class Publisher:
 class _Caller:
     """One JSON request to the apiserver: (status, decoded body)."""
 
-    def __init__(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, headers: dict[str, str], server_hostname: str | None
+    ) -> None:
         self._session = session
         self._headers = headers
+        self._server_hostname = server_hostname
 
     async def __call__(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> tuple[int, dict[str, Any]]:
         async with self._session.request(
-            method, path, json=body, headers=self._headers, allow_redirects=False
+            method,
+            path,
+            json=body,
+            headers=self._headers,
+            allow_redirects=False,
+            server_hostname=self._server_hostname,
         ) as answer:
             data = await answer.read()
             decoded = _decode(data)
