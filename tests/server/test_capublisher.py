@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 
 from gatekeeper.cli.certs import create_ca, issue_server_cert
@@ -14,6 +16,7 @@ from gatekeeper.cli.publishca import run_publish_ca_command
 from gatekeeper.errors import ConfigError
 from gatekeeper.server.capublisher import read_bundle
 
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CA = create_ca()
 NEXT = create_ca("next")
 LEAF = issue_server_cert(CA, ["127.0.0.1"])
@@ -110,3 +113,41 @@ def test_a_missing_ca_dir_and_an_unknown_flag(
         run_publish_ca_command(["--ca-dir", str(tmp_path), "--configmaps", "x"])
     assert exited.value.code == 2
     assert "did you mean" in capsys.readouterr().err
+
+
+def _shipped() -> dict[str, Any]:
+    documents = yaml.safe_load_all((DEPLOY / "ca-distribution.yaml").read_text())
+    deployment: dict[str, Any] = next(d for d in documents if d and d["kind"] == "Deployment")
+    return deployment
+
+
+def test_the_shipped_deployment_mounts_certificates_only() -> None:
+    spec = _shipped()["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    secret = volumes["ca-certificates"]["secret"]
+    assert secret["secretName"] == "dra-gatekeeper-serving-ca"
+    assert [item["key"] for item in secret["items"]] == ["ca.crt", "trust.crt"]
+
+
+def test_the_shipped_args_run_and_an_unreachable_apiserver_is_exit_1(
+    tmp_path: Path, kubeconfig: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Deployment's own args, its mount paths moved under tmp_path: accepted, and with no
+    apiserver to answer (``--once``) the namespace is logged as failed, nothing raised."""
+    (container,) = _shipped()["spec"]["template"]["spec"]["containers"]
+    policy_dir, ca_dir = tmp_path / "policy", tmp_path / "ca"
+    policy_dir.mkdir()
+    ca_dir.mkdir()
+    (policy_dir / "policy.yaml").write_text((DEPLOY / "policy.yaml").read_text())
+    (ca_dir / "ca.crt").write_bytes(CA.cert_pem)
+    args = [
+        a.replace("/etc/dra-gatekeeper-ca", str(ca_dir)).replace(
+            "/etc/dra-gatekeeper", str(policy_dir)
+        )
+        for a in container["args"]
+    ]
+    assert args[0] == "publish-ca"
+    code = run_publish_ca_command([*args[1:], "--kubeconfig", str(kubeconfig), "--once"])
+    assert code == 1
+    assert "ca configmap failed namespace=dra-example-driver" in caplog.text
