@@ -215,11 +215,34 @@ def _descriptors_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _taken(pid: int, base: int, opened: int, held: list[Connection], cap: int) -> bool:
+def _held_on(pid: int, port: int) -> int:
+    """The established TCP connections on local ``port`` that process ``pid`` holds open: its
+    socket descriptors matched by inode with the kernel's table. Counting these, not all its
+    descriptors, keeps a readiness probe's connection or an upstream one closing meanwhile
+    from moving the count."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed while we looked
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    held = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            established = state == "01"
+            held += established and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes
+    return held
+
+
+def _taken(pid: int, port: int, opened: int, held: list[Connection], cap: int) -> bool:
     """Whether the gatekeeper took every connection ``opened`` (the cap's worth held) and
     closed one for each past its cap."""
     kept = sum(not reader.at_eof() for reader, _ in held)
-    return _descriptors_of(pid) >= base + min(opened, cap) and kept <= cap
+    return _held_on(pid, port) == min(opened, cap) and kept <= cap
 
 
 async def test_idle_health_connections_never_take_the_drivers_descriptors(
@@ -256,7 +279,7 @@ async def test_idle_health_connections_never_take_the_drivers_descriptors(
                 *(asyncio.open_connection("127.0.0.1", health) for _ in range(BATCH))
             )
             opened = len(held) + closed
-            await _until(partial(_taken, process.pid, base, opened, held, cap))
+            await _until(partial(_taken, process.pid, health, opened, held, cap))
             for reader, writer in [c for c in held if c[0].at_eof()]:
                 writer.close()
                 held.remove((reader, writer))
