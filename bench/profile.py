@@ -70,8 +70,8 @@ def main() -> int:
         print("py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 1
     with Stack.create(500) as stack:
-        stack.start_all(audit=False)
-        pid = stack.procs["gatekeeper"].pid
+        stack.start_all(audit=False, cel=args.target == "gatekeeper-cel", kube_rbac_proxy=False)
+        pid = stack.procs[stack.serving[args.target]].pid
         raw = stack.workdir / "profile.txt"
         record = subprocess.Popen(
             [

@@ -2,27 +2,35 @@
 gatekeeper's own credentials) and through ``dra-gatekeeper serve`` (a driver over mTLS), in one
 run, interleaved, keep-alive connections, one request in flight.
 
-    python bench/realcluster_latency.py [--duration 5] [--reps 3] [--json FILE]
+    python bench/realcluster_latency.py [--duration 5] [--reps 3] [--compare DIR] [--json FILE]
 
 Needs Go (it starts the real tier of the test suite: tests/realcluster). Workloads: a small GET
 (answered from the gatekeeper's checked read: one upstream call), creates as dry runs in JSON
 and in protobuf (client-go's bytes, recording 206: the gatekeeper's dry run, then the driver's),
-a JSON update as a dry run (fetch, then write), and a list pinned by field selector.
+updates as dry runs in JSON and protobuf, carrying the stored resourceVersion as client-go's
+typed ``Update`` does (decided without a read: docs/security.md, "Updates without a read"), and
+a list pinned by field selector. ``--compare DIR`` also runs the gatekeeper of another source
+tree (a directory holding ``gatekeeper/``, e.g. ``git archive REF gatekeeper | tar -x -C DIR``),
+interleaved in the same run: a before/after.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fixtures import slice_protobuf
 from bench.loadgen import Target, Workload, generator_pool, run_load
 from tests.realcluster.build import build
 from tests.realcluster.cluster import RealCluster
@@ -85,6 +93,13 @@ def workloads(stored_rv: str) -> dict[str, Workload]:
             f"{SLICES}/bench-slice?dryRun=All",
             json.dumps(_slice("bench-slice", stored_rv)).encode(),
         ),
+        "update-protobuf": Workload(
+            "update (dry run), protobuf",
+            "PUT",
+            f"{SLICES}/bench-slice?dryRun=All",
+            slice_protobuf(_slice("bench-slice", stored_rv)),
+            content_type=PROTOBUF,
+        ),
         "list": Workload("pinned list, 10 slices", "GET", f"{SLICES}?{PINNED}"),
     }
 
@@ -97,11 +112,65 @@ def _prepare(cluster: RealCluster) -> str:
     return str(stored["metadata"]["resourceVersion"])
 
 
-def run(duration: float, reps: int, log: Any = print) -> dict[str, Any]:
+@contextlib.contextmanager
+def _serving_from(source: Path | None) -> Iterator[None]:
+    """Processes started inside run ``python -m gatekeeper`` from ``source`` (``python -m`` puts
+    the working directory first on the path)."""
+    if source is None:
+        yield
+        return
+    before, path = Path.cwd(), os.environ.get("PYTHONPATH")
+    os.chdir(source)
+    os.environ["PYTHONPATH"] = str(source)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+        if path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = path
+
+
+def _through(gatekeeper: GatekeeperProcess, name: str) -> Target:
+    cert, key = gatekeeper.pki.client_files("gpu.example.com")
+    return Target(
+        name,
+        "127.0.0.1",
+        gatekeeper.tls_port,
+        ca=gatekeeper.pki.path("ca.crt"),
+        cert=cert,
+        key=key,
+    )
+
+
+def _measure(
+    pool: Any, targets: list[Target], workload: Workload, duration: float, reps: int
+) -> dict[str, tuple[float, float]]:
+    """target → (p50, p99) ms, medians over ``reps`` interleaved repetitions (order rotated)."""
+    p50: dict[str, list[float]] = {t.name: [] for t in targets}
+    p99: dict[str, list[float]] = {t.name: [] for t in targets}
+    for rep in range(reps):
+        for target in targets[rep % len(targets) :] + targets[: rep % len(targets)]:
+            try:
+                result = run_load(pool, target, workload, concurrency=1, duration=duration)
+            except Exception as exc:
+                raise RuntimeError(f"{workload.name} via {target.name}: {exc!r}") from exc
+            bad = {s: c for s, c in result.statuses.items() if s >= 400}
+            if bad or result.errors:
+                raise RuntimeError(f"{workload.name} via {target.name}: {bad} {result.errors=}")
+            p50[target.name].append(result.percentile(0.5))
+            p99[target.name].append(result.percentile(0.99))
+    return {n: (statistics.median(p50[n]), statistics.median(p99[n])) for n in p50}
+
+
+def run(
+    duration: float, reps: int, log: Any = print, compare: tuple[Path, ...] = ()
+) -> dict[str, Any]:
     binaries = build()
     cluster = RealCluster.start(binaries)
     results: dict[str, Any] = {"duration": duration, "reps": reps, "workloads": {}}
-    gatekeeper = None
+    gatekeepers: list[tuple[str, GatekeeperProcess]] = []
     pool = generator_pool(1)
     try:
         policy = cluster.workdir / "policy.yaml"
@@ -112,7 +181,11 @@ def run(duration: float, reps: int, log: Any = print) -> dict[str, Any]:
         token, _ = bound_token(cluster, GATEKEEPER_NS, GATEKEEPER_SA, "node-a")
         token_file = cluster.workdir / "gatekeeper.token"
         token_file.write_text(token)
-        gatekeeper = GatekeeperProcess(cluster, policy, DRIVERS, token_file).start()
+        for source in (None, *compare):
+            name = "gatekeeper" if source is None else f"gatekeeper@{source.name}"
+            with _serving_from(source):
+                started = GatekeeperProcess(cluster, policy, DRIVERS, token_file).start()
+            gatekeepers.append((name, started))
         stored_rv = _prepare(cluster)
         host, port = cluster.url.removeprefix("https://").rsplit(":", 1)
         direct = Target(
@@ -122,64 +195,44 @@ def run(duration: float, reps: int, log: Any = print) -> dict[str, Any]:
             ca=str(cluster.ca_file),
             headers=(("Authorization", f"Bearer {token}"),),
         )
-        cert, key = gatekeeper.pki.client_files("gpu.example.com")
-        through = Target(
-            "gatekeeper",
-            "127.0.0.1",
-            gatekeeper.tls_port,
-            ca=gatekeeper.pki.path("ca.crt"),
-            cert=cert,
-            key=key,
-        )
-        for name, workload in workloads(stored_rv).items():
-            rows: dict[str, list[float]] = {"direct": [], "gatekeeper": []}
-            p99: dict[str, list[float]] = {"direct": [], "gatekeeper": []}
-            for rep in range(reps):
-                order = (direct, through) if rep % 2 == 0 else (through, direct)
-                for target in order:
-                    try:
-                        result = run_load(pool, target, workload, concurrency=1, duration=duration)
-                    except Exception as exc:
-                        raise RuntimeError(f"{name} via {target.name}: {exc!r}") from exc
-                    bad = {s: c for s, c in result.statuses.items() if s >= 400}
-                    if bad or result.errors:
-                        raise RuntimeError(
-                            f"{name} via {target.name}: {bad} errors={result.errors}"
-                        )
-                    rows[target.name].append(result.percentile(0.5))
-                    p99[target.name].append(result.percentile(0.99))
-            entry = {
-                "name": workload.name,
-                "direct_p50_ms": statistics.median(rows["direct"]),
-                "gatekeeper_p50_ms": statistics.median(rows["gatekeeper"]),
-                "direct_p99_ms": statistics.median(p99["direct"]),
-                "gatekeeper_p99_ms": statistics.median(p99["gatekeeper"]),
+        targets = [direct, *(_through(g, name) for name, g in gatekeepers)]
+        results["targets"] = [t.name for t in targets]
+        for key, workload in workloads(stored_rv).items():
+            measured = _measure(pool, targets, workload, duration, reps)
+            entry: dict[str, Any] = {"name": workload.name, "p50_ms": {}, "p99_ms": {}}
+            for name, (p50, p99) in measured.items():
+                entry["p50_ms"][name], entry["p99_ms"][name] = p50, p99
+            entry["added_p50_ms"] = {
+                name: entry["p50_ms"][name] - entry["p50_ms"]["direct"] for name, _ in gatekeepers
             }
-            entry["added_p50_ms"] = entry["gatekeeper_p50_ms"] - entry["direct_p50_ms"]
-            results["workloads"][name] = entry
+            results["workloads"][key] = entry
             log(
-                f"{workload.name:32s} direct p50 {entry['direct_p50_ms']:.2f} ms  gatekeeper "
-                f"p50 {entry['gatekeeper_p50_ms']:.2f} ms  added {entry['added_p50_ms']:+.2f} ms"
+                f"{workload.name:32s} direct p50 {entry['p50_ms']['direct']:.2f} ms; added "
+                + ", ".join(f"{n} {v:+.2f} ms" for n, v in entry["added_p50_ms"].items())
             )
     finally:
         pool.shutdown()
-        if gatekeeper is not None:
+        for _, gatekeeper in gatekeepers:
             gatekeeper.stop()
         cluster.stop()
     return results
 
 
 def render(results: dict[str, Any]) -> str:
+    names = results["targets"]
+    added = [n for n in names if n != "direct"]
     lines = [
-        "| workload (c=1) | direct p50 / p99 ms | gatekeeper p50 / p99 ms | added p50 |",
-        "|---|---|---|---|",
+        "| workload (c=1) | "
+        + " | ".join(f"{n} p50 / p99 ms" for n in names)
+        + " | "
+        + " | ".join(f"added p50, {n}" for n in added)
+        + " |",
+        "|---" * (1 + len(names) + len(added)) + "|",
     ]
     for entry in results["workloads"].values():
-        lines.append(
-            f"| {entry['name']} | {entry['direct_p50_ms']:.2f} / {entry['direct_p99_ms']:.2f} | "
-            f"{entry['gatekeeper_p50_ms']:.2f} / {entry['gatekeeper_p99_ms']:.2f} | "
-            f"{entry['added_p50_ms']:+.2f} ms |"
-        )
+        cells = [f"{entry['p50_ms'][n]:.2f} / {entry['p99_ms'][n]:.2f}" for n in names]
+        cells += [f"{entry['added_p50_ms'][n]:+.2f} ms" for n in added]
+        lines.append(f"| {entry['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -187,10 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--compare", type=Path, action="append", default=[], help="another source tree's gatekeeper"
+    )
     parser.add_argument("--json", type=Path)
     ns = parser.parse_args(argv)
     started = time.time()
-    results = run(ns.duration, ns.reps)
+    results = run(ns.duration, ns.reps, compare=tuple(p.resolve() for p in ns.compare))
     results["seconds"] = round(time.time() - started, 1)
     print(render(results))
     if ns.json is not None:

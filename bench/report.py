@@ -6,7 +6,16 @@ from typing import Any
 
 __all__ = ["render"]
 
-_ORDER = ("direct", "nginx", "naive", "gatekeeper", "gatekeeper-unix", "gatekeeper-audit")
+_ORDER = (
+    "direct",
+    "nginx",
+    "naive",
+    "kube-rbac-proxy",
+    "gatekeeper",
+    "gatekeeper-unix",
+    "gatekeeper-audit",
+    "gatekeeper-cel",
+)
 # With --compare, gatekeeper@REF columns follow the others (a before/after in one run).
 
 
@@ -83,6 +92,77 @@ def _encodings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _against_krp(report: dict[str, Any]) -> list[str]:
+    """The issue's table: CPU µs per request of the serving process, gatekeeper ÷
+    kube-rbac-proxy, from this run."""
+    rows = [
+        (workload, c, row)
+        for workload, by_c in report["throughput"].items()
+        for c, row in by_c.items()
+        if "kube-rbac-proxy" in row and "gatekeeper" in row
+    ]
+    if not rows:
+        return []
+    lines = [
+        "\n#### Against kube-rbac-proxy: CPU µs per request of the serving process (req/s)\n",
+        "| workload | c | naive | kube-rbac-proxy | gatekeeper | gk ÷ krp |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, c, row in rows:
+        cells = [
+            f"{row[t]['cpu_us']:,.0f} ({row[t]['rps']:,.0f}/s)" if t in row else "—"
+            for t in ("naive", "kube-rbac-proxy", "gatekeeper")
+        ]
+        ratio = _ratio(row["gatekeeper"]["cpu_us"], row["kube-rbac-proxy"]["cpu_us"])
+        lines.append(f"| {workload} | {c[2:]} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
+def _cel(report: dict[str, Any]) -> list[str]:
+    """What CEL validations on the kind add: p50 over direct's and CPU, without and with."""
+    rows = [
+        (workload, c, row)
+        for workload, by_c in report["throughput"].items()
+        for c, row in by_c.items()
+        if {"gatekeeper", "gatekeeper-cel", "direct"} <= set(row)
+    ]
+    if not rows:
+        return []
+    lines = [
+        "\n#### CEL: added p50 over direct (ms) and CPU µs per request, without and with the"
+        " validations of bench/cel-policy.yaml\n",
+        "| workload | c | without CEL | with CEL | CEL adds |",
+        "|---|---|---|---|---|",
+    ]
+    for workload, c, row in rows:
+        direct, plain, cel = row["direct"], row["gatekeeper"], row["gatekeeper-cel"]
+        added = [cell["p50_ms"] - direct["p50_ms"] for cell in (plain, cel)]
+        lines.append(
+            f"| {workload} | {c[2:]} | {added[0]:+.2f} ms; {plain['cpu_us']:.0f} µs |"
+            f" {added[1]:+.2f} ms; {cel['cpu_us']:.0f} µs | {added[1] - added[0]:+.2f} ms;"
+            f" {cel['cpu_us'] - plain['cpu_us']:+.0f} µs |"
+        )
+    return lines
+
+
+def _memory(report: dict[str, Any]) -> list[str]:
+    memory = report.get("memory")
+    if not memory:
+        return []
+    lines = [
+        "\n#### Memory of every process: RSS idle (started, nothing asked yet), after the load,"
+        " and its peak (MB)\n",
+        "| process | targets | idle | after load | peak |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in memory.items():
+        lines.append(
+            f"| {name} | {', '.join(m['targets'])} | {m['idle_mb']:.1f} |"
+            f" {m['after_load_mb']:.1f} | {m['peak_mb']:.1f} |"
+        )
+    return lines
+
+
 def _engine(report: dict[str, Any]) -> list[str]:
     lines = [
         "\n#### Decision engine alone (best of 3, µs per call)\n",
@@ -145,10 +225,12 @@ def render(report: dict[str, Any]) -> str:
         f" after {' '.join(after['loadavg'])}",
         f"upstream: {report['upstream']}; skipped: {report['skipped'] or 'nothing'}",
         "targets: direct = the upstream itself; gatekeeper = `dra-gatekeeper serve` over mTLS "
-        "(-unix: the driver's Unix socket; -audit: audit log to a file); nginx = plain mTLS "
-        "reverse proxy (1 worker); naive = aiohttp pass-through without checks",
+        "(-unix: the driver's Unix socket; -audit: audit log to a file; -cel: a policy with CEL "
+        "validations); kube-rbac-proxy = v0.19.1, mTLS in, static authorization, HTTPS out; "
+        "nginx = plain mTLS reverse proxy (1 worker); naive = aiohttp pass-through without checks",
     ]
-    lines += _throughput(report) + _encodings(report) + _wrk(report)
+    lines += _throughput(report) + _against_krp(report) + _cel(report) + _encodings(report)
+    lines += _memory(report) + _wrk(report)
     if "engine" in report:
         lines += _engine(report) + _resources(report)
     return "\n".join(lines)

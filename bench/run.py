@@ -3,13 +3,16 @@
     python bench/run.py [--smoke] [--duration S] [--reps N] [--concurrency 1,16,64]
                         [--workloads get,create,create-pb,update,update-pb,list] [--json FILE]
 
-Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and on) vs nginx
-as a plain reverse proxy (when installed) vs a naive aiohttp pass-through, against one fast
-fixed-answer HTTPS upstream; small GET, 2 KB create, update (fetch + write), each write also
+Direct vs ``dra-gatekeeper serve`` (mTLS listener and Unix socket, audit off and on, a policy
+with CEL) vs kube-rbac-proxy (built with Go when it is installed) vs nginx as a plain reverse
+proxy (when installed) vs a naive aiohttp pass-through, against one fast fixed-answer HTTPS
+upstream; small GET, 2 KB create, update (carrying its resourceVersion: no read unless the
+policy's CEL names ``oldObject``), each write also
 in protobuf as client-go sends it (the gatekeeper adds a ``dryRun=All`` round trip to decode
 it), pinned list of 500 slices (~1 MB), at each concurrency; interleaved repetitions (median
 of ``--reps``);
-then the engine alone, memory and watches, audit writer. Loopback only, every loop bounded.
+every process's RSS idle, after the load and at its peak; then the engine alone, memory and
+watches, audit writer. Loopback only, every loop bounded.
 ``--smoke`` runs a seconds-long version (CI: it only has to run and produce numbers).
 """
 
@@ -63,10 +66,13 @@ WORKLOADS = {
         counter_width=COUNTER_WIDTH,
     ),
     "update": Workload(
-        "update (fetch + write)", "PUT", f"{SLICES}/node-a-bench", json.dumps(item_slice()).encode()
+        "update (with its resourceVersion)",
+        "PUT",
+        f"{SLICES}/node-a-bench",
+        json.dumps(item_slice()).encode(),
     ),
     "update-pb": Workload(
-        "update (fetch + write), protobuf",
+        "update (with its resourceVersion), protobuf",
         "PUT",
         f"{SLICES}/node-a-bench",
         slice_protobuf(item_slice()),
@@ -97,6 +103,12 @@ class Profile:
     nginx: bool = True
     compare: tuple[str, ...] = ()
     """Git refs whose gatekeeper runs beside this one, interleaved (target gatekeeper@REF)."""
+    cel: bool = True
+    """Also the gatekeeper with CEL validations on ResourceSlices (target gatekeeper-cel)."""
+    kube_rbac_proxy: bool = True
+    """Also kube-rbac-proxy, built with Go first if needed (skipped, and said so, without Go)."""
+    idle_wait: float = 2.0
+    """Seconds between the last process started and the idle RSS read."""
     extras: bool = True
     """Engine, memory/watches and audit writer after the throughput matrix."""
 
@@ -115,6 +127,8 @@ class Profile:
             delay_rounds=2,
             audit_events=2000,
             wrk=False,
+            kube_rbac_proxy=False,
+            idle_wait=0.1,
         )
 
 
@@ -255,6 +269,24 @@ def _parse_wrk(text: str) -> dict[str, float]:
     return result
 
 
+def _memory(
+    idle: dict[str, tuple[float, float]],
+    after: dict[str, tuple[float, float]],
+    serving: dict[str, str],
+) -> dict[str, dict[str, Any]]:
+    """process → its RSS idle, after the load and at its peak (MB), and the targets it serves."""
+    return {
+        name: {
+            "targets": sorted(t for t, p in serving.items() if p == name),
+            "idle_mb": idle[name][0],
+            "after_load_mb": now,
+            "peak_mb": peak,
+        }
+        for name, (now, peak) in after.items()
+        if name in idle
+    }
+
+
 def run(profile: Profile, log: Any = print, partial: Path | None = None) -> dict[str, Any]:
     """Everything, in one run; the results as plain data (also what ``--json`` writes)."""
     from bench.audit_bench import bench_writer
@@ -263,14 +295,22 @@ def run(profile: Profile, log: Any = print, partial: Path | None = None) -> dict
 
     report: dict[str, Any] = {"machine_before": machine(), "profile": asdict(profile)}
     with Stack.create(profile.list_count) as stack:
-        stack.start_all(use_nginx=profile.nginx, compare=profile.compare)
+        stack.start_all(
+            use_nginx=profile.nginx,
+            compare=profile.compare,
+            cel=profile.cel,
+            kube_rbac_proxy=profile.kube_rbac_proxy,
+        )
         report["upstream"] = stack.upstream_kind
         report["skipped"] = dict(stack.skipped)
         log(f"upstream: {stack.upstream_kind}; targets: {', '.join(stack.targets)}")
+        time.sleep(profile.idle_wait)
+        idle = stack.memory()
         report["throughput"] = {
             w: {c: {t: asdict(cell) for t, cell in row.items()} for c, row in by_c.items()}
             for w, by_c in throughput(stack, profile, log).items()
         }
+        report["memory"] = _memory(idle, stack.memory(), stack.serving)
         if partial is not None:  # the matrix is the long part: keep it whatever follows
             partial.write_text(json.dumps(report, indent=1))
         report["wrk_direct"] = wrk_check(stack.targets["direct"], profile)
@@ -316,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-wrk", action="store_true", help="skip the wrk generator check")
     parser.add_argument(
+        "--no-kube-rbac-proxy", action="store_true", help="no kube-rbac-proxy (else built with Go)"
+    )
+    parser.add_argument("--no-cel", action="store_true", help="no gatekeeper-cel target")
+    parser.add_argument(
         "--throughput-only", action="store_true", help="skip engine, memory/watches and audit"
     )
     parser.add_argument("--json", help="write the results to this file")
@@ -334,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         profile.compare = tuple(args.compare.split(","))
     profile.wrk = profile.wrk and not args.no_wrk
+    profile.kube_rbac_proxy = profile.kube_rbac_proxy and not args.no_kube_rbac_proxy
+    profile.cel = profile.cel and not args.no_cel
     profile.extras = not args.throughput_only
     report = run(
         profile,

@@ -2,8 +2,12 @@
 
 - the throughput upstream: nginx serving fixed answers when installed, else
   :mod:`bench.upstream_app` (both HTTPS on loopback);
-- ``dra-gatekeeper serve`` (a real subprocess: mTLS listener and the driver's Unix socket);
-- nginx as a plain reverse proxy (when installed); the naive aiohttp pass-through.
+- ``dra-gatekeeper serve`` (a real subprocess: mTLS listener and the driver's Unix socket), also
+  with a policy holding CEL validations (``bench/cel-policy.yaml``);
+- nginx as a plain reverse proxy (when installed); kube-rbac-proxy (when Go can build it:
+  :mod:`bench.rbacproxy`); the naive aiohttp pass-through.
+
+Every process's resident memory can be read (:meth:`Stack.memory`): now and its peak.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from bench.fixtures import (
 )
 from bench.loadgen import Target
 from bench.nginx import find_nginx, start_fixed_upstream, start_reverse_proxy
+from bench.rbacproxy import Unavailable, build_kube_rbac_proxy, kube_rbac_proxy_args
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+CEL_POLICY = ROOT / "bench" / "cel-policy.yaml"
+"""The default policy with a few CEL validations on ResourceSlice v1 (target gatekeeper-cel)."""
 
 __all__ = ["Gatekeeper", "Stack", "checkout", "start_gatekeeper", "start_python_upstream"]
 
@@ -77,7 +84,13 @@ class Stack:
         return proc
 
     def start_all(
-        self, *, use_nginx: bool = True, audit: bool = True, compare: tuple[str, ...] = ()
+        self,
+        *,
+        use_nginx: bool = True,
+        audit: bool = True,
+        compare: tuple[str, ...] = (),
+        cel: bool = True,
+        kube_rbac_proxy: bool = True,
     ) -> None:
         nginx = find_nginx() if use_nginx else None
         self._start_upstream(nginx)
@@ -86,6 +99,14 @@ class Stack:
         self.targets["gatekeeper"] = self.client_target("gatekeeper", gk.port)
         self.targets["gatekeeper-unix"] = Target("gatekeeper-unix", path=gk.socket)
         self.serving["gatekeeper"] = self.serving["gatekeeper-unix"] = "gatekeeper"
+        if cel:
+            gk = start_gatekeeper(
+                self, "gatekeeper-cel", self.upstream_url, free_port(), policy=CEL_POLICY
+            )
+            self.targets["gatekeeper-cel"] = self.client_target("gatekeeper-cel", gk.port)
+            self.serving["gatekeeper-cel"] = "gatekeeper-cel"
+        if kube_rbac_proxy:
+            self._start_kube_rbac_proxy()
         if audit:
             gk = start_gatekeeper(
                 self,
@@ -147,6 +168,30 @@ class Stack:
         self.targets["naive"] = self.client_target("naive", port)
         self.serving["naive"] = "naive"
 
+    def _start_kube_rbac_proxy(self) -> None:
+        try:
+            binary = build_kube_rbac_proxy()
+        except Unavailable as exc:
+            self.skipped["kube-rbac-proxy"] = str(exc)
+            return
+        work = self.workdir / "kube-rbac-proxy"
+        work.mkdir()
+        port = free_port()
+        args = kube_rbac_proxy_args(
+            binary,
+            port=port,
+            upstream=self.upstream_url,
+            pki=self.pki,
+            kubeconfig=write_kubeconfig(work / "kubeconfig", self.upstream_url, self.pki),
+        )
+        log = work / "out.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        self.add("kube-rbac-proxy", proc)
+        wait_ready(proc, port=port, what="kube-rbac-proxy", log=log)
+        self.targets["kube-rbac-proxy"] = self.client_target("kube-rbac-proxy", port)
+        self.serving["kube-rbac-proxy"] = "kube-rbac-proxy"
+
     def _start_upstream(self, nginx: str | None) -> None:
         port = free_port()
         if nginx:
@@ -173,18 +218,29 @@ class Stack:
         proc = self.procs.get(self.serving.get(target, ""))
         if proc is None:
             return 0.0
-        pids = [proc.pid]
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-        if children.exists():
-            pids += [int(p) for p in children.read_text().split()]
         total = 0.0
-        for pid in pids:
+        for pid in _with_children(proc.pid):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             total += (int(fields[11]) + int(fields[12])) / _TICKS
         return total
+
+    def memory(self) -> dict[str, tuple[float, float]]:
+        """Every started process (with its children: nginx's worker) → (RSS now, peak RSS),
+        in MB (``VmRSS`` and ``VmHWM`` of ``/proc/PID/status``, summed)."""
+        out: dict[str, tuple[float, float]] = {}
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            now = peak = 0.0
+            for pid in _with_children(proc.pid):
+                status = _status(pid)
+                now += status.get("VmRSS", 0) / 1024
+                peak += status.get("VmHWM", 0) / 1024
+            out[name] = (round(now, 1), round(peak, 1))
+        return out
 
     def close(self) -> None:
         for proc in reversed(list(self.procs.values())):
@@ -197,6 +253,28 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_children(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [pid, *(int(p) for p in children.read_text().split())]
+    except OSError:
+        return [pid]
+
+
+def _status(pid: int) -> dict[str, int]:
+    """The kB fields of ``/proc/PID/status`` (empty once the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if value.strip().endswith(" kB"):
+            fields[key] = int(value.split()[0])
+    return fields
 
 
 def start_python_upstream(
@@ -278,8 +356,10 @@ def start_gatekeeper(
     *,
     audit_log: Path | None = None,
     source: Path | None = None,
+    policy: Path | None = None,
 ) -> Gatekeeper:
-    """``dra-gatekeeper serve`` with the mTLS listener on ``port`` and the driver's socket."""
+    """``dra-gatekeeper serve`` with the mTLS listener on ``port`` and the driver's socket;
+    the packaged default policy unless ``policy`` is given."""
     work = stack.workdir / name.replace("/", "_")
     work.mkdir()
     kubeconfig = write_kubeconfig(work / "kubeconfig", upstream_url, stack.pki)
@@ -307,6 +387,8 @@ def start_gatekeeper(
     ]
     if audit_log is not None:
         args += ["--audit-log", str(audit_log)]
+    if policy is not None:
+        args += ["--policy", str(policy)]
     args += _limit_flags(str(source or ROOT))
     log = work / "serve.log"
     env = {"PYTHONPATH": str(source)} if source is not None else None

@@ -48,10 +48,12 @@ class Limits:
     connections_total: int = 1024
     """Open connections from all drivers, per listener kind (Unix sockets, mTLS): a listener
     never takes another's capacity."""
-    connections_unauthenticated: int = 256
+    connections_unauthenticated: int = 1024
     """Open connections that are no driver's (yet), per listener kind: TLS handshakes in
     progress, certificates that name no driver. They never take a driver's capacity; when
-    they are this many, the oldest is closed for a new one."""
+    they are this many, the oldest is closed for a new one. As many as ``connections_total``:
+    after a restart every driver's connection comes back at once, and each is in this bucket
+    until its handshake is done (docs/operating.md#connection-storms)."""
     health_connections: int = 64
     """Open connections to the health listener (anyone who reaches it may connect); when they
     are this many, the oldest one not answering a probe is closed for a new one."""

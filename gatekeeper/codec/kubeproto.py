@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gatekeeper.codec.protowire import (
+    BYTES,
     Field,
     ProtobufError,
     ProtobufProblem,
@@ -49,6 +50,8 @@ _TYPE_META, _RAW, _CONTENT_ENCODING, _CONTENT_TYPE = 1, 2, 3, 4
 _API_VERSION, _KIND = 1, 2
 _OBJECT_META = 1
 _META_NAME, _META_NAMESPACE, _META_RESOURCE_VERSION = 1, 3, 6
+_META_MAPS = {11: "metadata.labels", 12: "metadata.annotations"}
+_MAP_KEY, _MAP_VALUE = 1, 2
 _ENVELOPE_FIELDS = frozenset({_TYPE_META, _RAW, _CONTENT_ENCODING, _CONTENT_TYPE})
 _TYPE_META_FIELDS = frozenset({_API_VERSION, _KIND})
 _META_FIELDS = frozenset({_META_NAME, _META_NAMESPACE, _META_RESOURCE_VERSION})
@@ -105,6 +108,7 @@ def read_envelope(body: bytes) -> Envelope:
     api_version, kind = _type_meta(type_meta)
     meta = _object_meta(raw)
     by_number = unique_fields(meta, "metadata", _META_FIELDS)
+    _check_map_entries(meta)
     return Envelope(
         api_version=api_version,
         kind=kind,
@@ -114,6 +118,31 @@ def read_envelope(body: bytes) -> Envelope:
             meta, by_number.get(_META_RESOURCE_VERSION), "metadata.resourceVersion"
         ),
     )
+
+
+def _check_map_entries(meta: bytes) -> None:
+    """Refuse a labels or annotations entry that Go could read past its end.
+
+    Go's generated code reads a map entry's key and value as strings whatever their wire type,
+    bounded by the end of ObjectMeta rather than of the entry: such a string runs on into the
+    fields after it, resourceVersion included, so pinning it would change the labels the
+    apiserver reads along with it (DESIGN §4.4: one canonical form). An entry is accepted only
+    when each of its fields ends inside it and its key and value are length-delimited."""
+    for item in fields(meta, "metadata"):
+        if (what := _META_MAPS.get(item.number)) is None or item.wire_type != BYTES:
+            continue
+        try:
+            for part in fields(meta[item.value_start : item.end], f"{what} entry"):
+                if part.number in (_MAP_KEY, _MAP_VALUE) and part.wire_type != BYTES:
+                    raise ProtobufError(
+                        f"{what} entry: field {part.number} has wire type {part.wire_type}"
+                    )
+        except ProtobufError as error:
+            raise ProtobufError(
+                f"{error} (the apiserver reads a map entry's key and value as strings that may "
+                "run past the entry)",
+                _AMBIGUOUS,
+            ) from None
 
 
 def with_resource_version(body: bytes, resource_version: str) -> bytes:

@@ -13,9 +13,6 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from cryptography import x509
-from cryptography.x509.oid import NameOID
-
 from gatekeeper.errors import Refusal
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, Identity
@@ -104,6 +101,11 @@ def client_cert_common_name(der_or_peercert: bytes | Mapping[str, Any] | None) -
 
 
 def _cn_from_der(der: bytes) -> str | None:
+    # Imported here: only the certs command reads a DER certificate; serve reads the verified
+    # peer's decoded certificate, and a full X.509 library costs it 8 MB of memory.
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError:

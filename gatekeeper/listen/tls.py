@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cryptography import x509
-
+from gatekeeper.codec.certdates import first_pem_certificate, not_after
 from gatekeeper.errors import ConfigError
 
 __all__ = ["ServerTLS", "TLSFiles", "certificate_expiry", "file_identity"]
@@ -43,7 +42,7 @@ def certificate_expiry(path: str | Path) -> datetime:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return x509.load_pem_x509_certificate(data).not_valid_after_utc
+        return not_after(first_pem_certificate(data))
     except ValueError:
         raise ConfigError(f"{path}: not a PEM certificate") from None
 

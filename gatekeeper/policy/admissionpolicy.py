@@ -258,8 +258,11 @@ def _node_local(q: str, version: VersionSpec) -> list[Exported]:
             checks.append(f"({value} == variables.node || {prefixes})")
         return " && ".join(checks)
 
+    # Two comparisons, not ``in [null, false]``: the apiserver's CEL refuses a list literal
+    # mixing types ("expected type 'null' but found 'bool'").
     forbidden = " && ".join(
-        f"{_path('object', path, 'null')} in [null, false]" for path in version.forbidden
+        f"({value} == null || {value} == false)"
+        for value in (_path("object", path, "null") for path in version.forbidden)
     )
     out = [
         Exported(
@@ -346,10 +349,11 @@ def _scoped(q: str, cel: CelRules) -> list[Exported]:
 
 
 def _with_object(expression: str, root: str) -> str:
-    """``expression`` (written on ``object``) on ``root`` instead, via cel.bind."""
+    """``expression`` (written on ``object``) on ``root`` instead: renamed, not bound with
+    ``cel.bind``, which the apiserver's admission CEL does not declare."""
     if root == "object":
         return expression
-    return f"cel.bind(__stored, oldObject, {rename(expression, 'object', '__stored')})"
+    return rename(expression, "object", root)
 
 
 # --- carried-over CEL ---------------------------------------------------------------------------

@@ -64,6 +64,7 @@ _ROOTS = ("object", "oldObject", "request", "variables")
 _STRING_LITERAL = re.compile(
     r"""(?:[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"))""", re.S
 )
+_STORED_REFERENCE = re.compile(r"\boldObject\b")
 _VARIABLE_REFERENCE = re.compile(r"\bvariables\s*(?:\.\s*([A-Za-z_][A-Za-z0-9_]*)|\[\s*\?)")
 
 
@@ -101,6 +102,9 @@ class Program:
     compiled: Any = field(compare=False, repr=False)
     variables: frozenset[str] = frozenset()
     """The ``variables.<name>`` it reads (a reference it cannot name counts as all)."""
+    reads_stored: bool = True
+    """Whether it names ``oldObject`` (outside string literals): CEL has no way to reach a
+    binding but by its name, so one that does not name it never reads the stored object."""
 
     def reads(self, name: str) -> bool:
         return name in self.variables or "*" in self.variables
@@ -137,6 +141,23 @@ class CelRules:
 
     def __bool__(self) -> bool:
         return bool(self.variables or self.validations or self.scope)
+
+    @property
+    def reads_stored(self) -> bool:
+        """Whether an expression that is evaluated may read ``oldObject``: the scope, a
+        validation or its message, or a variable one of them reads (variables are lazy, so one
+        nothing reads is never evaluated)."""
+        roots = [self.scope] if self.scope is not None else []
+        for validation in self.validations:
+            roots.append(validation.program)
+            if validation.message_expression is not None:
+                roots.append(validation.message_expression)
+        return any(
+            program.reads_stored for root in roots for program in (root, *self._programs_of(root))
+        )
+
+    def _programs_of(self, program: Program) -> Iterable[Program]:
+        return (variable.program for variable in self.needed(program))
 
     def needed(self, program: Program) -> tuple[Variable, ...]:
         """The variables ``program`` reads, directly or through other variables, in the order
@@ -215,7 +236,8 @@ def compile_program(
     wanted = {"bool": "BOOL", "string": "STRING", "any": returned}[result]
     if returned not in (wanted, "DYN"):
         raise CelError(f"must evaluate to a {result}, not {returned.lower()}")
-    return Program(source, where, compiled, frozenset(referenced))
+    stored = _STORED_REFERENCE.search(_STRING_LITERAL.sub('""', source)) is not None
+    return Program(source, where, compiled, frozenset(referenced), stored)
 
 
 def _compile_message(exc: RuntimeError) -> str:
@@ -329,17 +351,28 @@ class _Bindings:
             "request": request,
             "variables": self._values,
         }
+        self._activation: Any = None
 
     def activation(self, program: Program) -> Any:
         for variable in self._rules.needed(program):
             if variable.name not in self._values and variable.name not in self._failed:
                 try:
-                    value = evaluate(variable.program, activation(self._data))
+                    value = evaluate(variable.program, self._bound())
                 except EvaluationError as exc:
                     self._failed[variable.name] = exc
                 else:
                     self._values[variable.name] = value
-        return activation(self._data)
+                    self._activation = None
+        return self._bound()
+
+    def _bound(self) -> Any:
+        # One activation for every expression of this write: the runtime converts a value
+        # the first time an expression reads it and keeps it, so the object is converted once,
+        # not once per expression (~30 µs for a 2 KB slice). It keeps ``variables`` as it was
+        # when first read: a variable evaluated since needs a new activation.
+        if self._activation is None:
+            self._activation = activation(self._data)
+        return self._activation
 
     def cause(self, program: Program, error: EvaluationError) -> EvaluationError:
         """The failure of a variable ``program`` needs, if one failed (else ``error``)."""

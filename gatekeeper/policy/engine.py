@@ -452,8 +452,8 @@ def _unread_update(plan: Plan, body: Any) -> bool:
     naming the caller, this node (by name) and a pool under it can only update an object that
     names them too (another object's fields would have to change: 422), and the
     resourceVersion it carries makes the apiserver refuse it (409) if the object changed since
-    the driver read it. A body without one still needs the read, to be pinned; CEL, which may
-    read ``oldObject``, needs it too.
+    the driver read it. A body without one still needs the read, to be pinned; so does CEL that
+    names ``oldObject``.
     """
     version = plan.version
     if (
@@ -462,7 +462,7 @@ def _unread_update(plan: Plan, body: Any) -> bool:
         or plan.kind.rule is not KindRule.NODE_LOCAL
     ):
         return False
-    if not version.owner_fields_immutable or version.cel:
+    if not version.owner_fields_immutable or version.cel.reads_stored:
         return False
     if isinstance(body, EncodedBody):
         return bool(body.resource_version) and body.envelope is not None

@@ -115,6 +115,8 @@ async def _exchange(
                 status=answered.status,
                 headers=response_headers(answered.headers, audit_id=flow.audit_id),
             )
+            if (length := _passed_length(request.method, answered, state, scrub)) is not None:
+                response.content_length = length
             flow.response_object = await _relay(request, response, flow, gk, answered, body, scrub)
     except Exception as exc:
         reset = isinstance(exc, ConnectionResetError)
@@ -191,6 +193,18 @@ async def _relay(
         await response.write(chunk)
     await response.write_eof()
     return capture.result()
+
+
+def _passed_length(
+    method: str, answer: UpstreamResponse, state: WatchFilter | None, scrub: bool
+) -> int | None:
+    """The upstream's Content-Length, when the driver gets the body byte for byte (not
+    filtered, not rebuilt, not decoded): the answer then needs no chunked framing, and no
+    separate last chunk to end it."""
+    if state is not None or scrub or method == "HEAD" or "Content-Encoding" in answer.headers:
+        return None
+    value = answer.headers.get("Content-Length", "")
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 async def _nothing() -> AsyncIterator[bytes]:

@@ -24,6 +24,7 @@ __all__ = [
     "decode_body",
     "decode_json",
     "read_limited",
+    "too_large",
 ]
 
 JSON = "application/json"
@@ -55,11 +56,7 @@ async def read_limited(
             async for chunk in chunks:
                 buffer += chunk
                 if len(buffer) > limit:
-                    raise Refusal(
-                        413,
-                        f"request body is larger than {limit} bytes",
-                        f"Request entity too large: limit is {limit}",
-                    )
+                    raise too_large(limit)
     except TimeoutError:
         raise Refusal(
             408,
@@ -67,6 +64,15 @@ async def read_limited(
             f"the request body did not arrive within {timeout:g} seconds",
         ) from None
     return bytes(buffer)
+
+
+def too_large(limit: int = MAX_BODY_BYTES) -> Refusal:
+    """The 413 of a body larger than ``limit`` bytes."""
+    return Refusal(
+        413,
+        f"request body is larger than {limit} bytes",
+        f"Request entity too large: limit is {limit}",
+    )
 
 
 def decode_body(raw: bytes, media_type: str, *, patch: bool) -> tuple[str, Any]:
@@ -155,7 +161,8 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # SECURITY: DESIGN §4.4 — Go's decoder matches keys case-insensitively and keeps the last
     # duplicate, so `{"driver": "a", "Driver": "b"}` could be checked as "a" and stored as "b".
     obj = dict(pairs)
-    if len(obj) == len(pairs) and len(set(map(str.lower, obj))) == len(obj):
+    size = len(obj)
+    if size == len(pairs) and (size < 2 or len(set(map(str.lower, obj))) == size):
         return obj  # the common case, checked in C; the loop below names the offending keys
     seen: dict[str, str] = {}
     for key, _ in pairs:

@@ -61,9 +61,6 @@ __all__ = [
 
 log = logging.getLogger("gatekeeper.server")
 
-# Many drivers reconnecting at once (a node reboot) overflow the default backlog of 128.
-_BACKLOG = 1024
-
 
 def socket_path(socket_dir: Path, driver: str) -> Path:
     """``DIR/<driver>/api.sock``: a driver pod mounts only its own directory (DESIGN §4.2)."""
@@ -290,17 +287,21 @@ class GatekeeperServer:
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
         site: web.BaseSite
         kind = listener.kind
+        # Every driver's connection comes back at once after a restart
+        # (docs/operating.md#connection-storms): the kernel holds as many as the cap while they
+        # are accepted (Linux caps it at net.core.somaxconn, 4,096 by default).
+        backlog = self.config.limits.connections_total
         tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
         if (context := tls.get(kind)) is not None:
             assert isinstance(runner, GuardedRunner)
-            site = TLSGateSite(runner, listener.sock, context, listener=kind, backlog=_BACKLOG)
+            site = TLSGateSite(runner, listener.sock, context, listener=kind, backlog=backlog)
         elif kind is ListenerKind.HEALTH:
             # No more waiting to be accepted than the cap: what is accepted at once, before the
             # cap can close any, is a descriptor each (counted by limits.descriptor_budget).
             backlog = self.config.limits.health_connections
             site = web.SockSite(runner, listener.sock, backlog=backlog)
         else:
-            site = web.SockSite(runner, listener.sock, backlog=_BACKLOG)
+            site = web.SockSite(runner, listener.sock, backlog=backlog)
         await site.start()
         port = listener.sock.getsockname()[1] if kind is not ListenerKind.UNIX else 0
         if kind is ListenerKind.UNIX:

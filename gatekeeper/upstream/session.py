@@ -330,8 +330,11 @@ class _Pool:
         """Hold one connection of the pool; the callable yielded gives it back early (once an
         answer's body is read to its end), else it is given back on exit."""
         try:
-            async with asyncio.timeout(wait):
-                await self.free.acquire()
+            if self.free.locked():
+                async with asyncio.timeout(wait):
+                    await self.free.acquire()
+            else:
+                await self.free.acquire()  # a connection is free: taken at once, no timer
         except TimeoutError:
             raise UpstreamError(
                 503,

@@ -90,6 +90,19 @@ def test_pin_adds_the_field_when_absent() -> None:
             "raw is not a length-delimited",
             MALFORMED,
         ),
+        # A map entry's key or value that Go reads as a string running past the entry, into
+        # the fields after it (resourceVersion among them): pinning would change the labels.
+        (
+            body(META + field(12, varint(2 << 3) + b"\x05")),
+            "metadata.annotations entry: field 2 has wire type 0",
+            AMBIGUOUS,
+        ),
+        (
+            body(field(11, field(1, "k") + varint(2 << 3 | 2) + b"\x09") + META),
+            "metadata.labels entry: field 2 runs past the end",
+            AMBIGUOUS,
+        ),
+        (body(field(11, b"\x13\x34") + META), "metadata.labels entry: field 2 is a group", AMBIGUOUS),
     ],
 )
 def test_ambiguous_or_malformed_bodies_are_refused(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import Engine
+from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.cel import MAX_ITERATIONS, MAX_SOURCE
 from gatekeeper.policyfile import parse_policy
 from gatekeeper.request.requestinfo import parse_request
@@ -125,6 +125,24 @@ def test_variables_are_evaluated_in_order_and_read_by_later_ones() -> None:
     loaded = policy(kind_keys=keys)
     assert create(loaded, slice_v1()).allowed
     assert not create(loaded, slice_v1(pool="node-a/gpus")).allowed
+
+
+def test_a_variable_first_read_by_a_later_validation_is_seen_by_it() -> None:
+    """The validations of one write share what the runtime converted; a variable evaluated
+    after the first validation ran is still in reach of the next."""
+    keys = """\
+    variables:
+      - name: pool
+        expression: object.spec.pool.name
+    validations:
+      - expression: object.spec.driver == variables.driver
+      - expression: variables.pool.startsWith(variables.node + '/fpga-')
+      - expression: object.spec.devices.size() == 0
+    """
+    loaded = policy(kind_keys=keys)
+    assert create(loaded, slice_v1()).allowed
+    refused = create(loaded, slice_v1(pool="node-a/gpus"))
+    assert not refused.allowed and refused.validation == "validations[1]"
 
 
 def test_the_optional_syntax_of_drivers_admission_policies() -> None:
@@ -314,3 +332,37 @@ def test_a_policy_without_cel_never_imports_the_runtime() -> None:
     assert out.stdout.strip() == "False"
     policy(version_keys=FPGA)
     assert "cel_expr_python" in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("expression", "reads"),
+    [
+        ("object.spec.pool.name.startsWith(variables.node + '/fpga-')", False),
+        ("object.metadata.name != 'oldObject'", False),  # the name in a literal reads nothing
+        ("oldObject == null || object.spec.pool.name == oldObject.spec.pool.name", True),
+        ("variables.stored == ''", True),  # through a variable that reads it
+    ],
+)
+def test_an_update_is_read_first_only_when_its_cel_names_the_stored_object(
+    expression: str, reads: bool
+) -> None:
+    """docs/security.md "Updates without a read": CEL that never names ``oldObject`` cannot
+    depend on the stored object, so an update carrying its resourceVersion skips the read as it
+    does without CEL; an expression that names it, directly or through a variable, gets the
+    stored object read first."""
+    keys = f"""\
+    apiserverImmutable: [driver, node, pool]
+    variables:
+      - name: stored
+        expression: "oldObject == null ? '' : oldObject.metadata.name"
+    validations:
+      - expression: "{expression}"
+        message: checked
+    """
+    engine = Engine(policy(version_keys=keys), NODE)
+    body = slice_v1()
+    body["metadata"]["resourceVersion"] = "41"
+    info = parse_request("PUT", f"{SLICES}/s1")
+    plan = engine.accept(engine.screen(GPU, info), "application/json", body)
+    assert not isinstance(plan, Decision)
+    assert (plan.fetch is not None, plan.unread) == (reads, not reads)

@@ -1,5 +1,6 @@
 """Build the real tier's Go programs (kube-apiserver, etcd, the DRA driver, the protobuf
-differential decoder) once per source.
+differential decoder) once per source; and, only when asked, the optional ones (the benchmark's
+kube-rbac-proxy, a ``tool`` of the same module, so built against the same k8s.io modules).
 
 The binaries go to a cache directory outside the checkout, named by a hash of this Go module's
 sources and the Go version, so a warm rebuild is a directory lookup and a changed source gets
@@ -17,14 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["BINARIES", "MODULE", "Binaries", "GoMissing", "build", "cache_root"]
+__all__ = ["BINARIES", "MODULE", "OPTIONAL", "Binaries", "GoMissing", "build", "cache_root"]
 
 MODULE = Path(__file__).resolve().parent
 """The Go module (go.mod, go.sum and cmd/ checked in)."""
 BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff")
+OPTIONAL = {"kube-rbac-proxy": "github.com/brancz/kube-rbac-proxy/cmd/kube-rbac-proxy"}
+"""Programs built only when asked for (``build(optional=...)``), by package: go.mod's ``tool``
+lines, so that they need no source here and the tests' build does not wait for them."""
 _CACHE_ENV = "DRA_GATEKEEPER_CACHE"
 
 
@@ -88,44 +93,71 @@ def _source_hash(go: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(log: TextIO = sys.stderr) -> Binaries:
+def build(log: TextIO = sys.stderr, *, optional: Collection[str] = ()) -> Binaries:
     """The built binaries: from the cache when this source was built before, else built now
-    (``go build``, module downloads from the Go module proxy); raises :class:`GoMissing`."""
+    (``go build``, module downloads from the Go module proxy); raises :class:`GoMissing`.
+
+    ``optional`` names programs of :data:`OPTIONAL` to build as well, into the same directory,
+    if they are not there yet."""
+    if unknown := sorted(set(optional) - set(OPTIONAL)):
+        raise ValueError(f"no optional program {', '.join(unknown)} (known: {', '.join(OPTIONAL)})")
     go = _go()
     root = cache_root()
     target = root / _source_hash(go)
-    if all((target / name).is_file() for name in BINARIES):
-        return Binaries(target)
+    if not all((target / name).is_file() for name in BINARIES):
+        _build_core(go, root, target, log)
+    return _with_optional(go, root, Binaries(target), optional, log)
+
+
+def _build_core(go: str, root: Path, target: Path, log: TextIO) -> None:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (pytest and a CI pre-build)
         if all((target / name).is_file() for name in BINARIES):
-            return Binaries(target)
+            return
         started = time.monotonic()
         print(f"building the real-cluster tier into {target} (cold: minutes)", file=log)
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=root))
         try:
-            subprocess.run(
-                [
-                    go,
-                    "build",
-                    "-trimpath",
-                    "-ldflags",
-                    _ldflags(),
-                    "-o",
-                    f"{scratch}/",
-                    "./cmd/...",
-                ],
-                cwd=MODULE,
-                check=True,
-                env={**os.environ, "GOFLAGS": "-mod=readonly"},
-            )
+            _go_build(go, f"{scratch}/", "./cmd/...", _ldflags())
             scratch.rename(target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         print(f"built in {time.monotonic() - started:.0f} s", file=log)
         _prune(root, keep=target)
-    return Binaries(target)
+
+
+def _with_optional(
+    go: str, root: Path, binaries: Binaries, names: Collection[str], log: TextIO
+) -> Binaries:
+    """``binaries`` once each of ``names`` (:data:`OPTIONAL`) is built beside them."""
+    missing = [name for name in names if not (binaries.directory / name).is_file()]
+    if not missing:
+        return binaries
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in missing:
+            final = binaries.directory / name
+            if final.is_file():
+                continue
+            started = time.monotonic()
+            scratch = binaries.directory / f".{name}.build"
+            try:
+                _go_build(go, str(scratch), OPTIONAL[name], "")
+                scratch.rename(final)
+            finally:
+                scratch.unlink(missing_ok=True)
+            print(f"built {name} in {time.monotonic() - started:.0f} s", file=log)
+    return binaries
+
+
+def _go_build(go: str, output: str, package: str, ldflags: str) -> None:
+    subprocess.run(
+        [go, "build", "-trimpath", "-ldflags", ldflags, "-o", output, package],
+        cwd=MODULE,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=readonly"},
+    )
 
 
 def _prune(root: Path, keep: Path, builds: int = 3) -> None:
@@ -139,8 +171,9 @@ def _prune(root: Path, keep: Path, builds: int = 3) -> None:
 
 
 if __name__ == "__main__":
+    # python tests/realcluster/build.py [kube-rbac-proxy ...]: the tier, and optional programs.
     try:
-        print(build().directory)
-    except GoMissing as exc:
+        print(build(optional=sys.argv[1:]).directory)
+    except (GoMissing, ValueError) as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import gatekeeper
+from tests.realcluster.admission import forwarded_but_denied, install_admission
 from tests.realcluster.build import Binaries, GoMissing, build
 from tests.realcluster.cluster import RealCluster
 from tests.realcluster.objects import GATEKEEPER_NS, GATEKEEPER_SA, bootstrap, bound_token
@@ -60,6 +61,8 @@ def real_cluster(binaries: Binaries, real_policy: Path) -> Iterator[RealCluster]
     cluster = RealCluster.start(binaries)
     try:
         bootstrap(cluster, real_policy, DRIVERS)
+        # The whole tier runs under the exported admission policy (docs/admission-policy.md).
+        install_admission(cluster, real_policy, DRIVERS)
         yield cluster
     finally:
         cluster.stop()
@@ -69,7 +72,9 @@ def real_cluster(binaries: Binaries, real_policy: Path) -> Iterator[RealCluster]
 def real_gatekeeper(real_cluster: RealCluster, real_policy: Path) -> Iterator[GatekeeperProcess]:
     """The gatekeeper of node-a, with its service account's token bound to its pod there (as
     the DaemonSet's projected token is), the default policy with both drivers and their
-    service accounts, and all three listeners (sockets, mTLS, tokens)."""
+    service accounts, and all three listeners (sockets, mTLS, tokens).
+
+    When the session ends: the admission policy refused nothing it forwarded."""
     token, _ = bound_token(real_cluster, GATEKEEPER_NS, GATEKEEPER_SA, "node-a")
     token_file = real_cluster.workdir / "gatekeeper.token"
     token_file.write_text(token)
@@ -78,6 +83,13 @@ def real_gatekeeper(real_cluster: RealCluster, real_policy: Path) -> Iterator[Ga
     ).start()
     try:
         yield process
+        process.settle()
+        forwarded = {
+            e["annotations"]["dra-gatekeeper.io/upstream-audit-id"]
+            for e in process.audit_events()
+            if "dra-gatekeeper.io/upstream-audit-id" in e["annotations"]
+        }
+        assert forwarded_but_denied(real_cluster.audit_events(), forwarded) == []
     finally:
         process.stop()
 

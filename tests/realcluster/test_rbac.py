@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.realcluster.admission import install_admission
 from tests.realcluster.cluster import Api, RealCluster, poll
 from tests.realcluster.conftest import DEFAULT_POLICY, DRIVERS
 from tests.realcluster.objects import GATEKEEPER_NS, bound_token, ensure, rbac_objects
@@ -231,6 +232,10 @@ def rbac_gatekeeper(real_cluster: RealCluster, hardened: None) -> Iterator[Gatek
             },
             "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": GATEKEEPER_NS}],
         },
+    )
+    # Under its own export of the admission policy, as every gatekeeper of the tier.
+    install_admission(
+        real_cluster, DEFAULT_POLICY, DRIVERS, service_account=SA, name="dra-gatekeeper-rbac"
     )
     token, _ = bound_token(real_cluster, GATEKEEPER_NS, SA, "node-a")
     token_file = real_cluster.workdir / f"{SA}.token"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.realcluster.admission import install_admission
 from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import ApiError, RealCluster
 from tests.realcluster.objects import (
@@ -47,6 +48,11 @@ GATEKEEPER_USER = f"system:serviceaccount:{GATEKEEPER_NS}:{GATEKEEPER_SA}"
 NODE = "/api/v1/nodes/node-a"
 TAINT_RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
 CLIQUE = "gpu.example.com/clique"
+ADMISSION_WHOLE = "ValidatingAdmissionPolicy 'dra-gatekeeper-whole' with binding"
+ADMISSION_NODE = (
+    "ValidatingAdmissionPolicy 'dra-gatekeeper-whole' with binding 'dra-gatekeeper-whole' denied "
+    "request: a write of this node's Node may change only metadata.labels[gpu.example.com/*]"
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ def whole(
     token_file = workdir / "gatekeeper.token"
     token_file.write_text(token)
     apply_rbac(admin, POLICY, f"{GATEKEEPER_NS}/{GATEKEEPER_SA}", "dra-gatekeeper-whole")
+    install_admission(
+        real_cluster, POLICY, (GPU,), service_account=GATEKEEPER_SA, name="dra-gatekeeper-whole"
+    )
     gatekeeper = GatekeeperProcess(real_cluster, POLICY, (GPU,), token_file, listen_token=True)
     try:
         gatekeeper.start()
@@ -110,11 +119,17 @@ def test_own_node_labels_under_the_prefix_only(
     answer = whole.driver("patch-node-labels", labels={CLIQUE: "7"})
     assert answer["ok"], answer
     outside = whole.driver("patch-node-labels", labels={"example.org/clique": "7"})
-    assert "metadata.labels[example.org/clique] changes" in refusal(outside)
+    # The gatekeeper decides a strategic merge patch on the apiserver's dry-run preview, made
+    # with its own credentials: the exported admission policy refuses the preview first, and
+    # its refusal is the answer (docs/admission-policy.md, proven on the real tier).
+    assert ADMISSION_NODE in refusal(outside)
     labels = real_cluster.admin.get(NODE)["metadata"]["labels"]
     assert labels.get(CLIQUE) == "7" and "example.org/clique" not in labels
     calls = checked(journal)
-    assert [(c.verb, c.refused) for c in calls] == [("patch", False), ("patch", True)]
+    assert [(c.verb, c.refused, c.reason) for c in calls] == [
+        ("patch", False, "only what mayChange names changes"),
+        ("patch", False, "the apiserver rejected the patch preview"),
+    ]
 
 
 def test_own_pod_label(real_cluster: RealCluster, whole: Whole, journal: Journal) -> None:
@@ -188,11 +203,14 @@ def test_device_taint_rules_bound_to_the_driver_and_node(
         ("other-node", {"driver": GPU, "pool": "node-b/gpus"}),
     ]:
         answer = whole.driver("create-taint-rule", object=taint_rule(name, selector))
-        assert "scope" in refusal(answer), answer
+        assert ADMISSION_WHOLE in refusal(answer) and "scope" in refusal(answer), answer
     stored = real_cluster.admin.get(TAINT_RULES)["items"]
     assert [item["metadata"]["name"] for item in stored] == ["mine"]
     calls = checked(journal)
-    assert [c.refused for c in calls] == [False, True, True, True]
+    # Protobuf bodies, decided on the apiserver's dry-run preview: the exported admission policy
+    # refuses the preview of each taken-over scope before the gatekeeper's own scope check.
+    assert [(c.refused, c.forwarded) for c in calls] == [(False, True)] + [(False, False)] * 3
+    assert {c.reason for c in calls[1:]} == {"the apiserver rejected the create preview"}
 
 
 def test_custom_resource_status_under_the_drivers_own_credentials(

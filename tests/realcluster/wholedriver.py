@@ -136,6 +136,11 @@ class Call:
         return bool(decision == "forbid")
 
     @property
+    def reason(self) -> str:
+        """The gatekeeper's reason for its decision (its audit annotation)."""
+        return str(self.gatekeeper["annotations"].get("authorization.k8s.io/reason", ""))
+
+    @property
     def forwarded(self) -> bool:
         """The gatekeeper logged an answer of the apiserver to it."""
         return "dra-gatekeeper.io/upstream-audit-id" in self.gatekeeper["annotations"]

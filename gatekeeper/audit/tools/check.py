@@ -3,6 +3,9 @@ conversation (:mod:`gatekeeper.policy.conversation`), the log as its readers.
 
 Prints each request whose decision (allow/forbid) changes; newly refused requests fail the check.
 How each request could be decided is counted by basis (see :mod:`gatekeeper.audit.tools.replay`).
+Each write the gatekeeper forwards is also judged by the policy's exported admission policy, the
+apiserver's second layer (:mod:`gatekeeper.audit.tools.admission`); a write it would refuse fails
+the check too.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.audit.event import VALIDATION_ANNOTATION
+from gatekeeper.audit.tools.admission import (
+    WRITE_VERBS,
+    AdmissionLayer,
+    AdmissionVerdict,
+    AdmissionView,
+)
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.audit.tools.replay import (
     BASES,
@@ -29,10 +38,10 @@ from gatekeeper.policy import Decision, Engine, KindRule, Policy
 from gatekeeper.policy.conversation import conversation, converse
 from gatekeeper.policy.decision import deny
 from gatekeeper.policy.plan import Preview
-from gatekeeper.request.requestinfo import parse_request
+from gatekeeper.request.requestinfo import RequestInfo, parse_request
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["Change", "CheckReport", "check_records", "format_report"]
+__all__ = ["AdmissionRefused", "Change", "CheckReport", "check_records", "format_report"]
 
 # Refusals made before the engine, for reasons the log does not carry (body size and media
 # type, rate limits, identity): the replay cannot re-decide them.
@@ -72,6 +81,16 @@ class Change:
     code: int
     reason: str
     basis: str
+    admission: AdmissionView | None = None
+    """The exported admission policy's verdict on a write allowed now (None otherwise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRefused:
+    """A request the gatekeeper allows and its exported admission policy would refuse."""
+
+    record: Record
+    view: AdmissionView
 
 
 @dataclass(slots=True)
@@ -81,6 +100,13 @@ class CheckReport:
     skipped: Counter[str] = field(default_factory=Counter)
     """Requests not re-decided, by why."""
     changes: list[Change] = field(default_factory=list)
+    admission: Counter[AdmissionVerdict] = field(default_factory=Counter)
+    """Requests allowed now, by the exported admission policy's verdict."""
+    admission_unknown: Counter[str] = field(default_factory=Counter)
+    """Writes whose admission verdict is not known, by what the log lacks."""
+    admission_refused: list[AdmissionRefused] = field(default_factory=list)
+    admission_views: list[AdmissionRefused] = field(default_factory=list)
+    """Every write judged (kept only when asked for: ``check_records(..., every=True)``)."""
 
     @property
     def newly_refused(self) -> list[Change]:
@@ -92,12 +118,18 @@ class CheckReport:
 
 
 def check_records(
-    records: Iterable[Record], policy: Policy, *, default_node: str | None = None
+    records: Iterable[Record],
+    policy: Policy,
+    *,
+    default_node: str | None = None,
+    every: bool = False,
 ) -> CheckReport:
-    """Re-decide ``records`` in log order under ``policy``."""
+    """Re-decide ``records`` in log order under ``policy``, and judge each write allowed now by
+    its exported admission policy (``every``: keep each write's verdict in the report)."""
     report = CheckReport()
     engines: dict[tuple[str, str], Engine] = {}
     memory = ObjectMemory(policy)
+    layer = AdmissionLayer()
     for record in records:
         why = _skip_reason(record, default_node)
         if why:
@@ -115,6 +147,9 @@ def check_records(
         if engine is None:
             allowed = policy.with_drivers(frozenset({record.driver})) if seen else policy
             engine = engines[key] = Engine(allowed, node)
+        # Only writes reach admission: reads are not parsed twice.
+        info = _info(record) if record.verb in WRITE_VERBS else None
+        before = layer.before(memory, record, info, record.driver, node) if info else None
         if record.impersonated:
             # SECURITY: DESIGN §4.5 — the gatekeeper refuses Impersonate-* headers.
             decision, basis = _IMPERSONATION, "request"
@@ -139,11 +174,32 @@ def check_records(
             report.skipped[_FAILED_UPSTREAM] += 1
             continue
         report.decided[basis] += 1
+        view = None
+        if decision.allowed and info is not None and before is not None:
+            view = layer.judge(engine.policy, record, info, node, before)
+            _count(report, record, view, every)
         if after != record.decision and not _same_state_outcome(record, decision):
             report.changes.append(
-                Change(record, record.decision, after, decision.code, decision.reason, basis)
+                Change(record, record.decision, after, decision.code, decision.reason, basis, view)
             )
     return report
+
+
+def _info(record: Record) -> RequestInfo | None:
+    try:
+        return parse_request(method_of(record.verb), record.request_uri)
+    except Refusal:
+        return None
+
+
+def _count(report: CheckReport, record: Record, view: AdmissionView, every: bool) -> None:
+    report.admission[view.verdict] += 1
+    if view.verdict is AdmissionVerdict.NOT_KNOWN:
+        report.admission_unknown[view.detail] += 1
+    if view.verdict is AdmissionVerdict.REFUSES:
+        report.admission_refused.append(AdmissionRefused(record, view))
+    if every and view.verdict is not AdmissionVerdict.NOT_MATCHED:
+        report.admission_views.append(AdmissionRefused(record, view))
 
 
 def _skip_reason(record: Record, default_node: str | None) -> str:
@@ -227,13 +283,24 @@ def _same_state_outcome(record: Record, decision: Decision) -> bool:
 
 
 def format_report(report: CheckReport) -> str:
-    """One line per changed decision, then the counts."""
+    """One line per changed decision (with the admission policy's verdict on a write allowed
+    now), one per write the admission policy refuses (or per write judged, when kept), then the
+    counts."""
     lines = [
         f"{c.before.upper()} -> {c.after.upper()}  {c.record.received}  "
         f"{c.record.driver}  {c.record.verb} {c.record.request_uri}  "
         f"({c.code if c.after == 'forbid' else 'allowed'}: {c.reason}) [{c.basis}] "
+        f"[admission: {c.admission.verdict.value if c.admission else '-'}] "
         f"auditID={c.record.audit_id}"
         for c in report.changes
+    ]
+    shown = report.admission_views or report.admission_refused
+    lines += [
+        f"ADMISSION {a.view.verdict.value.upper()}  {a.record.received}  {a.record.driver}  "
+        f"{a.record.verb} {a.record.request_uri}"
+        + (f"  ({a.view.detail})" if a.view.detail else "")
+        + f" auditID={a.record.audit_id}"
+        for a in shown
     ]
     total = sum(report.decided.values())
     bases = ", ".join(f"{report.decided[b]} {b}" for b in BASES)
@@ -249,4 +316,21 @@ def format_report(report: CheckReport) -> str:
         )
     for why, count in sorted(report.skipped.items()):
         lines.append(f"{count} skipped: {why}")
+    lines += _admission_counts(report)
     return "\n".join(lines) + "\n"
+
+
+def _admission_counts(report: CheckReport) -> list[str]:
+    counts = report.admission
+    judged = sum(counts[v] for v in AdmissionVerdict if v is not AdmissionVerdict.NOT_MATCHED)
+    lines = [
+        f"admission policy (the apiserver's second layer): {judged} writes allowed now judged: "
+        f"{counts[AdmissionVerdict.ALLOWS]} allowed, {counts[AdmissionVerdict.REFUSES]} refused, "
+        f"{counts[AdmissionVerdict.NOT_KNOWN]} not known; "
+        f"{counts[AdmissionVerdict.NOT_MATCHED]} writes it does not match"
+    ]
+    lines += [
+        f"{count} admission not known: {why}"
+        for why, count in sorted(report.admission_unknown.items())
+    ]
+    return lines

@@ -1,6 +1,7 @@
 """``dra-gatekeeper audit summarize|check|generate``: offline tools over audit logs.
 
-Exit codes: 0 done; 1 ``check`` found a request allowed before that the policy now refuses;
+Exit codes: 0 done; 1 ``check`` found a request allowed before that the policy now refuses, or a
+write the policy allows that its exported admission policy would refuse;
 2 bad input (flags, unreadable log or policy, an input with lines but no audit event: not an
 audit log, the same for every subcommand), with one line on stderr; 3 ``check`` could
 re-decide no request at all (every one skipped, or an empty log), unless ``--allow-empty``,
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         "--driver-user and the gatekeeper's own log are allowed too)",
     )
     check.add_argument("--node-name", help="node of requests whose user names none")
+    check.add_argument(
+        "--admission",
+        choices=("refused", "all"),
+        default="refused",
+        help="lines for the writes the exported admission policy would refuse (default), or "
+        "for every write it judges",
+    )
     check.add_argument(
         "--allow-empty",
         action="store_true",
@@ -159,10 +167,12 @@ def _check(ns: argparse.Namespace, users: dict[str, str]) -> int:
     # allowed on the node in addition to the policy's list.
     policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver) | frozenset(users.values()))
     stats = ReadStats()
-    report = check_records(_records(ns.logs, users, ns.node_name, stats), policy)
+    report = check_records(
+        _records(ns.logs, users, ns.node_name, stats), policy, every=ns.admission == "all"
+    )
     _audit_log_or_fail(", ".join(ns.logs), stats)
     sys.stdout.write(format_report(report))
-    if report.newly_refused:
+    if report.newly_refused or report.admission_refused:
         return 1
     if not sum(report.decided.values()) and not ns.allow_empty:
         print(
