@@ -21,7 +21,15 @@ from gatekeeper.testing.harness import KUBECTL
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.32.0"
-NOT_MANIFESTS = {"kustomization.yaml", "policy.yaml", "behind-gatekeeper.yaml"}
+# Not Kubernetes objects: kustomize inputs, the policy, a kustomize patch, a Helm plugin's
+# manifest and a chart's values.
+NOT_MANIFESTS = {
+    "kustomization.yaml",
+    "policy.yaml",
+    "behind-gatekeeper.yaml",
+    "plugin.yaml",
+    "values.yaml",
+}
 MANIFESTS = sorted(path for path in DEPLOY.rglob("*.yaml") if path.name not in NOT_MANIFESTS)
 TOKEN_DRIVER = DEPLOY / "examples" / "token-driver"
 
@@ -71,10 +79,14 @@ def test_kustomize_builds_valid_objects_offline() -> None:
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
     assert kinds == [
         "ClusterRole/dra-gatekeeper",
+        "ClusterRole/dra-gatekeeper-ca-publisher",
         "ClusterRoleBinding/dra-gatekeeper",
+        "ClusterRoleBinding/dra-gatekeeper-ca-publisher",
         "ConfigMap/dra-gatekeeper-policy",
         "DaemonSet/dra-gatekeeper",
+        "Deployment/dra-gatekeeper-ca-publisher",
         "ServiceAccount/dra-gatekeeper",
+        "ServiceAccount/dra-gatekeeper-ca-publisher",
     ]
     configmap = next(o for o in objects if o["kind"] == "ConfigMap")
     assert configmap["data"]["policy.yaml"] == (DEPLOY / "policy.yaml").read_text()

@@ -41,6 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gatekeeper.cli.rbac:run_policy_command",
         "what a policy needs: its RBAC ClusterRole",
     ),
+    "publish-ca": (
+        "gatekeeper.cli.publishca:run_publish_ca_command",
+        "keep the CA's ConfigMap current in the drivers' namespaces",
+    ),
     "test": (
         "gatekeeper.policytest:run_test_command",
         "run policy test files (*_test.yaml) through a real gatekeeper",
