@@ -24,7 +24,7 @@ __all__ = ["BINARIES", "MODULE", "Binaries", "GoMissing", "build", "cache_root"]
 
 MODULE = Path(__file__).resolve().parent
 """The Go module (go.mod, go.sum and cmd/ checked in)."""
-BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff")
+BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff", "helm")
 _CACHE_ENV = "DRA_GATEKEEPER_CACHE"
 
 
