@@ -191,3 +191,14 @@ def test_generated_objects_of_another_release_are_refused(
     done = helm.run(*args, check=False)
     assert done.returncode != 0 and done.stdout == ""
     assert message in done.stderr, done.stderr
+
+
+def test_values_of_the_wrong_shape_are_refused_naming_them(helm: Helm) -> None:
+    """values.schema.json: a misspelt key or a port that is not a number is an error naming
+    the value, never a rendered DaemonSet that fails on the node."""
+    args = ["template", "dra-gatekeeper", str(CHART), "-n", "kube-system"]
+    sets = ["--set", "listeners.token.port=abc", "--set", "audit.levle=Metadata"]
+    done = helm.run(*args, *sets, check=False)
+    assert done.returncode != 0 and done.stdout == ""
+    assert "'/listeners/token/port': got string, want integer" in done.stderr, done.stderr
+    assert "additional properties 'levle' not allowed" in done.stderr
