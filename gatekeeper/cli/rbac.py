@@ -276,7 +276,12 @@ def _parser() -> argparse.ArgumentParser:
         help="write everything derived from the policy: RBAC, admission policy, APF, chart values",
     )
     for sub in (rbac, vap, deploy):
-        sub.add_argument("--policy", help="policy file (default: the packaged default policy)")
+        sub.add_argument(
+            "--policy",
+            help="policy file (required)"
+            if sub is deploy
+            else "policy file (default: the packaged default policy)",
+        )
         if sub is not deploy:  # deploy serves the file as it is: its drivers are in it
             sub.add_argument(
                 "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
@@ -308,9 +313,10 @@ def run_policy_command(args: Sequence[str]) -> int:
         else:
             policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver))
         if not policy.drivers:
+            how = "" if ns.command == "deploy" else " or pass --driver NAME"
             raise ConfigError(
                 f"{policy.source}: no drivers: the rules bind writes to the drivers' names "
-                "(list them under `drivers:` or pass --driver NAME)"
+                f"(list them under `drivers:`{how})"
             )
         namespace, _, account = ns.service_account.partition("/")
         if not namespace or not account:

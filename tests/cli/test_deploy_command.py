@@ -97,6 +97,10 @@ def test_out_and_chart_are_written_together(
         (("--policy", "{policy}", "--chart", "{nomarker}", "--out", "{out}"), "no line"),
         (("--policy", "{policy}", "--out", "{policy}"), "--out"),
         (("--policy", "{policy}", "--service-account", "gk"), "is not NAMESPACE/NAME"),
+        (
+            ("--policy", "{nodrivers}"),
+            "no drivers: the rules bind writes to the drivers' names (list them under `drivers:`)",
+        ),
     ],
 )
 def test_refusals_are_one_line_and_write_nothing(
@@ -112,8 +116,10 @@ def test_refusals_are_one_line_and_write_nothing(
     nomarker = tmp_path / "chart"
     nomarker.mkdir()
     (nomarker / "values.yaml").write_text("name: gk\n")
-    places = {"policy": policy, "missing": tmp_path / "none.yaml", "local": local,
-              "nomarker": nomarker, "out": tmp_path / "out"}  # fmt: skip
+    nodrivers = tmp_path / "nodrivers.yaml"
+    nodrivers.write_text(POLICY.replace("drivers: [nic.example.com]\n", ""))
+    places = {"policy": policy, "nodrivers": nodrivers, "missing": tmp_path / "none.yaml",
+              "local": local, "nomarker": nomarker, "out": tmp_path / "out"}  # fmt: skip
     code, out, err = run(capsys, *(arg.format(**places) for arg in args))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and message in err, err
