@@ -117,7 +117,7 @@ def test_a_fresh_clone_runs_the_readmes_commands_and_its_recording_tests(tmp_pat
         assert command in docs, command
         result = _run(clone, command)
         assert result.returncode == 0, (command, result.stdout, result.stderr)
-    assert result.stdout == (clone / "deploy" / "clusterrole.yaml").read_text()
+    assert result.stdout == (clone / "deploy" / "generated" / "rbac.yaml").read_text()
     shown = _run(clone, ".venv/bin/dra-gatekeeper certs show certs/server.crt")
     assert "SANs:       IP:127.0.0.1" in shown.stdout, shown.stderr
     tests = (

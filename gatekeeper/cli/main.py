@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "policy": (
         "gatekeeper.cli.rbac:run_policy_command",
-        "what a policy needs: its RBAC ClusterRole",
+        "what a policy needs: its RBAC, admission policy, APF objects, chart values",
     ),
     "publish-ca": (
         "gatekeeper.cli.publishca:run_publish_ca_command",

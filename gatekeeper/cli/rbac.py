@@ -7,7 +7,7 @@ Exactly what the policy can forward, and no more:
   discovery, and for status writes of allocated claims the RBAC-only ``resourceclaims/driver``
   check of Kubernetes 1.36 (``associated-node:update``/``:patch`` with the drivers as resource
   names), and ``tokenreviews create`` when the policy maps service accounts to drivers.
-  ``deploy/clusterrole.yaml`` is this for the default policy;
+  ``deploy/generated/rbac.yaml`` is this for ``deploy/policy.yaml``;
 - for kinds of rule DriverNamespace, a Role and a RoleBinding for the gatekeeper in each
   namespace the policy maps a driver's ServiceAccount to (not a cluster-wide grant);
 - for kinds of rule DriverCredentials, what each driver's own ServiceAccount needs: the
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from gatekeeper.cli.admission import VAP_NAME, render_admission_policy
+from gatekeeper.cli.deploy import add_deploy_arguments, read_served_policy, run_deploy
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER, KindRule, KindSpec
@@ -270,11 +271,21 @@ def _parser() -> argparse.ArgumentParser:
         "vap",
         help="print the policy as a ValidatingAdmissionPolicy binding the gatekeeper to its node",
     )
-    for sub in (rbac, vap):
-        sub.add_argument("--policy", help="policy file (default: the packaged default policy)")
+    deploy = commands.add_parser(
+        "deploy",
+        help="write everything derived from the policy: RBAC, admission policy, APF, chart values",
+    )
+    for sub in (rbac, vap, deploy):
         sub.add_argument(
-            "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
+            "--policy",
+            help="policy file (required)"
+            if sub is deploy
+            else "policy file (default: the packaged default policy)",
         )
+        if sub is not deploy:  # deploy serves the file as it is: its drivers are in it
+            sub.add_argument(
+                "--driver", action="append", default=[], help="a driver allowed too (repeatable)"
+            )
         sub.add_argument(
             "--service-account",
             default=_SELF,
@@ -283,6 +294,10 @@ def _parser() -> argparse.ArgumentParser:
         )
     rbac.add_argument("--name", default=ROLE_NAME, help=f"ClusterRole name (default {ROLE_NAME})")
     vap.add_argument("--name", default=VAP_NAME, help=f"policy name (default {VAP_NAME})")
+    deploy.add_argument(
+        "--name", default=ROLE_NAME, help=f"the cluster-wide objects' name (default {ROLE_NAME})"
+    )
+    add_deploy_arguments(deploy)
     return parser
 
 
@@ -293,17 +308,24 @@ def run_policy_command(args: Sequence[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver))
+        if ns.command == "deploy":
+            served, policy = read_served_policy(ns.policy)
+        else:
+            policy = load_policy(ns.policy).with_drivers(frozenset(ns.driver))
         if not policy.drivers:
+            how = "" if ns.command == "deploy" else " or pass --driver NAME"
             raise ConfigError(
                 f"{policy.source}: no drivers: the rules bind writes to the drivers' names "
-                "(list them under `drivers:` or pass --driver NAME)"
+                f"(list them under `drivers:`{how})"
             )
         namespace, _, account = ns.service_account.partition("/")
         if not namespace or not account:
             raise ConfigError(f"--service-account {ns.service_account!r} is not NAMESPACE/NAME")
         if ns.command == "vap":
             text = render_admission_policy(policy, ns.service_account, ns.name)
+        elif ns.command == "deploy":
+            rbac_text = render_rbac(policy, ns.name, ns.service_account)
+            text = run_deploy(ns, served, policy, rbac_text)
         else:
             text = render_rbac(policy, ns.name, ns.service_account)
     except (ConfigError, ValueError) as exc:

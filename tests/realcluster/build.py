@@ -26,7 +26,7 @@ __all__ = ["BINARIES", "MODULE", "OPTIONAL", "Binaries", "GoMissing", "build", "
 
 MODULE = Path(__file__).resolve().parent
 """The Go module (go.mod, go.sum and cmd/ checked in)."""
-BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff")
+BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff", "helm")
 OPTIONAL = {"kube-rbac-proxy": "github.com/brancz/kube-rbac-proxy/cmd/kube-rbac-proxy"}
 """Programs built only when asked for (``build(optional=...)``), by package: go.mod's ``tool``
 lines, so that they need no source here and the tests' build does not wait for them."""
