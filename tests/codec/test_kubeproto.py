@@ -102,7 +102,11 @@ def test_pin_adds_the_field_when_absent() -> None:
             "metadata.labels entry: field 2 runs past the end",
             AMBIGUOUS,
         ),
-        (body(field(11, b"\x13\x34") + META), "metadata.labels entry: field 2 is a group", AMBIGUOUS),
+        (
+            body(field(11, b"\x13\x34") + META),
+            "metadata.labels entry: field 2 is a group",
+            AMBIGUOUS,
+        ),
     ],
 )
 def test_ambiguous_or_malformed_bodies_are_refused(

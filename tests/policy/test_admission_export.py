@@ -188,7 +188,10 @@ def test_the_command_prints_a_policy_and_its_binding(capsys: pytest.CaptureFixtu
     )
 
 
-SHIPPED = [None, *sorted(str(p) for p in (REPO / "policies").glob("*.yaml") if "_test" not in p.name)]
+SHIPPED = [
+    None,
+    *sorted(str(p) for p in (REPO / "policies").glob("*.yaml") if "_test" not in p.name),
+]
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: Path(p).name if p else "default")
