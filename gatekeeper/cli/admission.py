@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
+from gatekeeper.cli.yamlout import dump_readable
 from gatekeeper.policy.admissionpolicy import PolicyExport, export_policy
 from gatekeeper.policy.model import Policy
 
@@ -79,38 +78,9 @@ def render_admission_policy(policy: Policy, service_account: str, name: str = VA
         for left in exported.not_exported:
             header.append(f"#   {left.where}: {left.source}")
             header.append(f"#     ({left.why})")
-    body = _dump(vap).rstrip("\n") + "\n  validations:\n"
+    body = dump_readable(vap).rstrip("\n") + "\n  validations:\n"
     for validation, shown in zip(exported.validations, validations, strict=True):
         body += f"  # {validation.protects}\n"
-        item = _dump([shown])
+        item = dump_readable([shown])
         body += "".join(f"  {line}\n" for line in item.splitlines())
-    return "\n".join(header) + "\n" + body + "---\n" + _dump(binding)
-
-
-class _Literal(str):
-    """A string YAML prints as a literal block (multi-line CEL stays readable)."""
-
-
-def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style="|")
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(_Literal, _literal)
-
-
-def _dump(document: Any) -> str:
-    def literal(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: literal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [literal(v) for v in value]
-        if isinstance(value, str) and "\n" in value:
-            return _Literal(value)
-        return value
-
-    dumped: str = yaml.dump(literal(document), Dumper=_Dumper, sort_keys=False, width=100)
-    return dumped
+    return "\n".join(header) + "\n" + body + "---\n" + dump_readable(binding)

@@ -27,6 +27,7 @@ import yaml
 
 from gatekeeper.cli.admission import render_admission_policy
 from gatekeeper.cli.flowcontrol import render_flow_control
+from gatekeeper.cli.yamlout import dump_readable
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Policy
 from gatekeeper.policyfile import parse_policy
@@ -106,34 +107,7 @@ def helm_values(policy_text: str, files: dict[str, str], service_account: str) -
         "# the policy the gatekeepers serve and the ClusterRole, admission policy and APF "
         "objects it needs. Re-generate, do not edit.\n"
     )
-    return header + _dump_literal(values)
-
-
-class _Literal(str):
-    """A string YAML prints as a literal block: the policy and CEL stay readable."""
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(
-    _Literal, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, "|")
-)
-
-
-def _dump_literal(document: Any) -> str:
-    def literal(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: literal(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [literal(v) for v in value]
-        if isinstance(value, str) and "\n" in value:
-            return _Literal(value)
-        return value
-
-    dumped: str = yaml.dump(literal(document), Dumper=_Dumper, sort_keys=False, width=100)
-    return dumped
+    return header + dump_readable(values)
 
 
 def replace_generated_values(values_file: Path, block: str) -> str:
