@@ -19,7 +19,11 @@ from tests.realcluster.admission import forwarded_but_denied, install_admission
 from tests.realcluster.build import Binaries, GoMissing, build
 from tests.realcluster.cluster import RealCluster
 from tests.realcluster.objects import GATEKEEPER_NS, GATEKEEPER_SA, bootstrap, bound_token
-from tests.realcluster.processes import GatekeeperProcess, assert_refusals_never_reached
+from tests.realcluster.processes import (
+    DriverProcess,
+    GatekeeperProcess,
+    assert_refusals_never_reached,
+)
 
 DRIVERS = ("gpu.example.com", "nic.example.com")
 DEFAULT_POLICY = Path(gatekeeper.__file__).parent / "policies" / "default.yaml"
@@ -111,3 +115,14 @@ def clean(real_cluster: RealCluster) -> Iterator[None]:
     admin.delete("/apis/devmgmtproto.k8s.io/v1alpha1/devicepools")
     for namespace in ("default", "tenant"):
         admin.delete(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
+
+
+@pytest.fixture
+def gpu_driver(
+    binaries: Binaries, real_gatekeeper: GatekeeperProcess, tmp_path: Path
+) -> Iterator[DriverProcess]:
+    """The Go driver on client-go as gpu.example.com, through the gatekeeper's Unix socket: its
+    typed writes send protobuf."""
+    connect = f"kubeconfig={real_gatekeeper.driver_kubeconfig('gpu.example.com', tmp_path)}"
+    with DriverProcess(binaries["dradriver"], connect, driver="gpu.example.com") as driver:
+        yield driver

@@ -4,13 +4,10 @@ helper's NodePrepareResources reading claims through draclient."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import RealCluster
 from tests.realcluster.objects import CLAIMS, allocate_claim, create_claim
 from tests.realcluster.processes import DriverProcess, GatekeeperProcess
@@ -28,15 +25,6 @@ def claim(real_cluster: RealCluster, clean: None) -> dict[str, Any]:
         created,
         [(GPU, "node-a", "gpu-0"), (NIC, "node-a", "eth0")],
     )
-
-
-@pytest.fixture
-def gpu_driver(
-    binaries: Binaries, real_gatekeeper: GatekeeperProcess, tmp_path: Path
-) -> Iterator[DriverProcess]:
-    connect = f"kubeconfig={real_gatekeeper.driver_kubeconfig(GPU, tmp_path)}"
-    with DriverProcess(binaries["dradriver"], connect, driver=GPU) as driver:
-        yield driver
 
 
 def stored_devices(cluster: RealCluster, name: str = "shared") -> list[dict[str, Any]]:

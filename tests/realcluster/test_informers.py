@@ -3,13 +3,8 @@ slices and on claims, and deletes with DeleteOptions, through the gatekeeper."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import RealCluster, poll
 from tests.realcluster.objects import allocate_claim, create_claim
 from tests.realcluster.processes import DriverProcess, GatekeeperProcess
@@ -32,15 +27,6 @@ def slice_object(
             "devices": [{"name": "dev-0"}],
         },
     }
-
-
-@pytest.fixture
-def gpu_driver(
-    binaries: Binaries, real_gatekeeper: GatekeeperProcess, tmp_path: Path
-) -> Iterator[DriverProcess]:
-    connect = f"kubeconfig={real_gatekeeper.driver_kubeconfig(GPU, tmp_path)}"
-    with DriverProcess(binaries["dradriver"], connect, driver=GPU) as driver:
-        yield driver
 
 
 def informer_names(driver: DriverProcess, kind: str) -> set[str]:

@@ -4,7 +4,6 @@ resourceVersion is pinned to the version that was checked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,6 @@ def slice_object(
             "devices": [{"name": "dev-0"}],
         },
     }
-
-
-@pytest.fixture
-def gpu_driver(
-    binaries: Binaries, real_gatekeeper: GatekeeperProcess, tmp_path: Path
-) -> Iterator[DriverProcess]:
-    connect = f"kubeconfig={real_gatekeeper.driver_kubeconfig(GPU, tmp_path)}"
-    with DriverProcess(binaries["dradriver"], connect, driver=GPU) as driver:
-        yield driver
 
 
 ADMISSION_REFUSAL = (

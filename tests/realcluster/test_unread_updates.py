@@ -13,7 +13,6 @@ re-decides every one of these events as it was decided.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from gatekeeper.audit.tools.check import check_records, format_report
 from gatekeeper.audit.tools.reader import iter_records
 from gatekeeper.codec import jsoncodec
 from gatekeeper.policyfile import load_policy
-from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import ApiError, RealCluster
 from tests.realcluster.processes import DriverProcess, GatekeeperProcess
 
@@ -71,16 +69,6 @@ VICTIMS = [
 ]
 # What the takeover says: the caller's driver, this node by name, a pool under it.
 MINE = _spec(GPU, "node-a", "node-a")
-
-
-@pytest.fixture
-def gpu_driver(
-    binaries: Binaries, real_gatekeeper: GatekeeperProcess, tmp_path: Path
-) -> Iterator[DriverProcess]:
-    """The Go driver on client-go: its typed Update sends protobuf."""
-    connect = f"kubeconfig={real_gatekeeper.driver_kubeconfig(GPU, tmp_path)}"
-    with DriverProcess(binaries["dradriver"], connect, driver=GPU) as driver:
-        yield driver
 
 
 def _update(
