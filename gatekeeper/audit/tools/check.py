@@ -137,16 +137,7 @@ def check_records(
             continue
         assert record.driver is not None
         node = record.node or default_node or ""
-        # The gatekeeper served this driver on its node (the policy or serve --driver), unless
-        # the event itself is the refusal of a driver not allowed there.
-        seen = record.source == "gatekeeper" and not (
-            record.decision == "forbid" and _NOT_ON_NODE in record.reason
-        )
-        key = (node, record.driver if seen else "")
-        engine = engines.get(key)
-        if engine is None:
-            allowed = policy.with_drivers(frozenset({record.driver})) if seen else policy
-            engine = engines[key] = Engine(allowed, node)
+        engine = _engine_for(engines, policy, record, record.driver, node)
         # Only writes reach admission: reads are not parsed twice.
         info = _info(record) if record.verb in WRITE_VERBS else None
         before = layer.before(memory, record, info, record.driver, node) if info else None
@@ -156,22 +147,9 @@ def check_records(
         else:
             decision, basis = _decide(engine, memory, record, record.driver, node)
         after = "allow" if decision.allowed else "forbid"
-        cel = decision.validation or record.annotations.get(VALIDATION_ANNOTATION)
-        if basis == _CEL_SCOPED or (basis == "metadata" and cel):
-            # CEL decides on the object, and a Metadata-level log has none: an assumed object
-            # says nothing about what the validation would have found.
-            report.skipped[_CEL_WITHOUT_OBJECT] += 1
-            continue
-        if basis == "metadata" and after == "allow" and record.decision == "forbid":
-            # Allowed only under the assumption that the object is the caller's: unknown.
-            report.skipped[_UNDETERMINED] += 1
-            continue
-        failed_upstream = record.decision == "allow" and 400 <= record.code < 500
-        if after == "forbid" and failed_upstream and (basis == "metadata" or _previewed(record)):
-            # E.g. an apply whose dry-run preview the apiserver refused (422 immutable, 409
-            # conflict): the gatekeeper never saw a result to decide on, and the replay cannot
-            # compute the one the apiserver would have stored.
-            report.skipped[_FAILED_UPSTREAM] += 1
+        undecidable = _undecidable(record, decision, basis)
+        if undecidable:
+            report.skipped[undecidable] += 1
             continue
         report.decided[basis] += 1
         view = None
@@ -183,6 +161,43 @@ def check_records(
                 Change(record, record.decision, after, decision.code, decision.reason, basis, view)
             )
     return report
+
+
+def _engine_for(
+    engines: dict[tuple[str, str], Engine], policy: Policy, record: Record, driver: str, node: str
+) -> Engine:
+    """The engine that decides ``record``'s request, one per node and driver seen."""
+    # The gatekeeper served this driver on its node (the policy or serve --driver), unless
+    # the event itself is the refusal of a driver not allowed there.
+    seen = record.source == "gatekeeper" and not (
+        record.decision == "forbid" and _NOT_ON_NODE in record.reason
+    )
+    key = (node, driver if seen else "")
+    engine = engines.get(key)
+    if engine is None:
+        allowed = policy.with_drivers(frozenset({driver})) if seen else policy
+        engine = engines[key] = Engine(allowed, node)
+    return engine
+
+
+def _undecidable(record: Record, decision: Decision, basis: str) -> str | None:
+    """Why the replay's ``decision`` says nothing about ``record`` (a skip reason), or None."""
+    after = "allow" if decision.allowed else "forbid"
+    cel = decision.validation or record.annotations.get(VALIDATION_ANNOTATION)
+    if basis == _CEL_SCOPED or (basis == "metadata" and cel):
+        # CEL decides on the object, and a Metadata-level log has none: an assumed object
+        # says nothing about what the validation would have found.
+        return _CEL_WITHOUT_OBJECT
+    if basis == "metadata" and after == "allow" and record.decision == "forbid":
+        # Allowed only under the assumption that the object is the caller's: unknown.
+        return _UNDETERMINED
+    failed_upstream = record.decision == "allow" and 400 <= record.code < 500
+    if after == "forbid" and failed_upstream and (basis == "metadata" or _previewed(record)):
+        # E.g. an apply whose dry-run preview the apiserver refused (422 immutable, 409
+        # conflict): the gatekeeper never saw a result to decide on, and the replay cannot
+        # compute the one the apiserver would have stored.
+        return _FAILED_UPSTREAM
+    return None
 
 
 def _info(record: Record) -> RequestInfo | None:
