@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["CHART", "HELM_LABELS", "Helm", "without_helm_labels"]
+__all__ = ["CHART", "HELM_LABELS", "Helm", "generated_values", "without_helm_labels"]
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "dra-gatekeeper"
 HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
@@ -58,3 +59,21 @@ def without_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
     for label in HELM_LABELS:
         labels.pop(label, None)
     return obj
+
+
+def generated_values(
+    tmp_path: Path, policy: str, service_account: str, name: str | None = None
+) -> Path:
+    """``dra-gatekeeper policy deploy --format helm-values`` for ``policy`` (the cluster-wide
+    objects called ``name`` when given), as a values file for ``helm -f``."""
+    (tmp_path / "policy.yaml").write_text(policy)
+    args = ["--name", name] if name else []
+    done = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "policy", "deploy",
+         "--policy", str(tmp_path / "policy.yaml"), "--service-account", service_account,
+         "--format", "helm-values", *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    path = tmp_path / "generated-values.yaml"
+    path.write_text(done.stdout)
+    return path

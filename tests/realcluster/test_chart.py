@@ -7,7 +7,6 @@ to this release's policy or ServiceAccount is refused, never rendered."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import yaml
 from gatekeeper.cli.main import build_parser
 from gatekeeper.testing.harness import KUBECTL
 from tests.realcluster.build import Binaries
-from tests.realcluster.helm import CHART, Helm, without_helm_labels
+from tests.realcluster.helm import CHART, Helm, generated_values, without_helm_labels
 
 ROOT = CHART.parents[2]
 K8S_VERSION = "1.32.0"
@@ -35,20 +34,6 @@ serviceAccounts:
 @pytest.fixture(scope="module")
 def helm(binaries: Binaries, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(binaries["helm"], tmp_path_factory.mktemp("helm-home"))
-
-
-def generated_values(tmp_path: Path, policy: str, service_account: str) -> Path:
-    """``dra-gatekeeper policy deploy --format helm-values`` for ``policy``, as a file."""
-    (tmp_path / "policy.yaml").write_text(policy)
-    done = subprocess.run(
-        [sys.executable, "-m", "gatekeeper", "policy", "deploy",
-         "--policy", str(tmp_path / "policy.yaml"), "--service-account", service_account,
-         "--format", "helm-values"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    path = tmp_path / "generated-values.yaml"
-    path.write_text(done.stdout)
-    return path
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -12,8 +12,6 @@ gatekeeper's requests into that FlowSchema (its ``X-Kubernetes-PF-FlowSchema-UID
 from __future__ import annotations
 
 import ssl
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ import yaml
 from gatekeeper.cli.main import build_parser
 from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import RealCluster, poll
-from tests.realcluster.helm import CHART, Helm
+from tests.realcluster.helm import CHART, Helm, generated_values
 from tests.realcluster.objects import bound_token, ensure
 from tests.realcluster.processes import DriverProcess, GatekeeperProcess
 
@@ -51,14 +49,7 @@ def installed(
     binaries: Binaries, real_cluster: RealCluster, tmp_path: Path
 ) -> Iterator[tuple[Helm, Path]]:
     """``helm install`` of the chart with values generated for POLICY, then uninstalled."""
-    (tmp_path / "policy.yaml").write_text(POLICY)
-    values = subprocess.run(
-        [sys.executable, "-m", "gatekeeper", "policy", "deploy",
-         "--policy", str(tmp_path / "policy.yaml"), "--name", CLUSTER_NAME,
-         "--service-account", f"{NAMESPACE}/{ACCOUNT}", "--format", "helm-values"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    (tmp_path / "generated.yaml").write_text(values)
+    values = generated_values(tmp_path, POLICY, f"{NAMESPACE}/{ACCOUNT}", name=CLUSTER_NAME)
     (tmp_path / "settings.yaml").write_text(
         yaml.safe_dump({"name": ACCOUNT, "listeners": {"token": {"enabled": False}}})
     )
@@ -68,7 +59,7 @@ def installed(
     ensure(real_cluster.admin, "/api/v1/namespaces",
            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})  # fmt: skip
     helm.run("install", "gk", str(CHART), "--namespace", NAMESPACE, "--kubeconfig",
-             str(kubeconfig), "-f", str(tmp_path / "generated.yaml"),
+             str(kubeconfig), "-f", str(values),
              "-f", str(tmp_path / "settings.yaml"))  # fmt: skip
     try:
         yield helm, kubeconfig
