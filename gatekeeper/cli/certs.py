@@ -260,10 +260,13 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
         is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
         is_ca = False
+    # A list of OIDs, not an ExtendedKeyUsage: cryptography 51 refuses an empty one, and a CA
+    # (the one `certs ca` writes among them) has no such extension.
+    usages: list[x509.ObjectIdentifier]
     try:
-        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        usages = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
-        usages = x509.ExtendedKeyUsage([])
+        usages = []
     if is_ca:
         role = "CA"
     elif ExtendedKeyUsageOID.CLIENT_AUTH in usages:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, Store
 
@@ -410,3 +411,36 @@ def test_cli_show_lists_a_server_certificates_names(
     out = capsys.readouterr().out
     assert "role:       server" in out
     assert "SANs:       DNS:gatekeeper.local, IP:127.0.0.1, IP:::1\n" in out
+
+
+def test_cli_show_reads_every_certificate_certs_writes_and_one_without_usages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CA carries no extended key usage, so `show` must not need one (cryptography 51 refuses
+    an empty ExtendedKeyUsage; .ci/newest --lowest runs this on the floor, cryptography 42)."""
+    assert run_certs_command(["ca", "--out", str(tmp_path)]) == 0
+    for action in (["client", "--driver", "gpu.example.com"], ["server"]):
+        assert run_certs_command([*action, "--ca-dir", str(tmp_path), "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    roles = {"ca.crt": "CA", "gpu.example.com.crt": "client (driver)", "server.crt": "server"}
+    for name, role in roles.items():
+        assert run_certs_command(["show", str(tmp_path / name)]) == 0, name
+        assert f"role:       {role}\n" in capsys.readouterr().out
+    # A leaf with neither CA basic constraints nor extended key usage: some other tool's.
+    ca = load_ca(tmp_path / "ca.crt", tmp_path / "ca.key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "plain")])
+    plain = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(ca.certificate.not_valid_before_utc)
+        .not_valid_after(ca.certificate.not_valid_after_utc)
+        .sign(load_pem_private_key(ca.key_pem, None), hashes.SHA256())
+    )
+    write_pem(tmp_path / "plain.crt", plain.public_bytes(Encoding.PEM))
+    assert run_certs_command(["show", str(tmp_path / "plain.crt")]) == 0
+    out = capsys.readouterr().out
+    assert "role:       other\n" in out and "subject CN: plain\n" in out
