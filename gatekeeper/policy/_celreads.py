@@ -1,0 +1,590 @@
+"""What the CEL of a kind version reads of ``object`` and ``oldObject``, from the checked trees;
+and, per request, those objects cut down to it before the runtime converts them.
+
+The runtime converts a bound object whole, eagerly, the first time an expression reads it (about
+20 ns a byte: 40 µs for a 2 KB slice), and quotes the object in the error when one of its values
+cannot be converted. So the object an expression sees is the part it can read: every field path
+its selects, indexes and loops reach, cut where a value is used whole (compared, passed to a
+function, put in a list). A path only tested with ``has()`` keeps its key; one only measured
+(``size``, a loop's range) keeps its elements. The cut copy is what the expressions would have
+read from the whole object, so every result is the same; it is converted in a fraction of the
+time, and its sizes (each path's length, each whole value's bytes) bound the cost of the
+evaluation before it starts (:mod:`gatekeeper.policy._celcost`).
+
+Numbers are converted as Go's JSON reads them at the apiserver (``sigs.k8s.io/json``: an integer
+that does not fit int64 is a float64); one beyond a float64 is refused, as the apiserver refuses
+the body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gatekeeper.policy._celast import Checked, Node, NodeKind
+from gatekeeper.policy._celenv import OBJECT_ROOTS
+
+__all__ = [
+    "EACH",
+    "OverBudget",
+    "Path",
+    "Projection",
+    "ReadError",
+    "ReadPlan",
+    "Reads",
+    "go_numbers",
+]
+
+EACH = "*"
+"""A step to every element of a list, or every value of a map."""
+Path = tuple[str, tuple[str, ...]]
+"""A root (``object``, ``oldObject``) and the steps below it."""
+_INT64 = 1 << 63
+
+
+class ReadError(ValueError):
+    """An object that cannot be given to the runtime as JSON gives it (a number beyond a
+    float64, a value nested past what the gatekeeper parses)."""
+
+
+@dataclass(slots=True)
+class _Read:
+    """How one path is read: whole, only tested with ``has()``, only measured, or through
+    the fields and elements below it."""
+
+    path: str
+    slot: int
+    whole: bool = False
+    present: bool = False
+    shape: bool = False
+    fields: dict[str, _Read] = field(default_factory=dict)
+    each: _Read | None = None
+
+
+class Reads:
+    """The paths the expressions of one kind version read, built one expression at a time
+    (:meth:`add`), variables first: a variable's value is the paths it may alias."""
+
+    def __init__(self) -> None:
+        self._roots: dict[str, _Read] = {}
+        self._slots: list[str] = []
+        self.values: dict[int, dict[int, frozenset[Path]]] = {}
+        """Per expression (by ``id`` of its Checked), per node: the paths its value may be."""
+
+    def add(self, checked: Checked, variables: Mapping[str, frozenset[Path]]) -> frozenset[Path]:
+        """Record what ``checked`` reads; the paths its value may be (for a variable)."""
+        walk = _Walk(self, checked, variables)
+        value = walk.value(checked.root, {})
+        self.values[id(checked)] = walk.seen
+        return value
+
+    def slot(self, path: Path) -> int:
+        """The size slot of ``path`` (created when first asked)."""
+        return self._node(path).slot
+
+    def describe(self, slot: int) -> str:
+        """``object.spec.devices[*]``: the path a size slot measures."""
+        return self._slots[slot]
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def mark(self, paths: Iterable[Path], how: str) -> None:
+        for path in paths:
+            node = self._node(path)
+            setattr(node, how, True)
+
+    def _node(self, path: Path) -> _Read:
+        root, steps = path
+        node = self._roots.get(root)
+        if node is None:
+            node = self._roots[root] = self._new(root)
+        shown = root
+        for step in steps:
+            shown += "[*]" if step == EACH else f".{step}"
+            if step == EACH:
+                if node.each is None:
+                    node.each = self._new(shown)
+                node = node.each
+            else:
+                child = node.fields.get(step)
+                if child is None:
+                    child = node.fields[step] = self._new(shown)
+                node = child
+        return node
+
+    def _new(self, shown: str) -> _Read:
+        self._slots.append(shown)
+        return _Read(shown, len(self._slots) - 1)
+
+    def plan(
+        self, whole: frozenset[int] = frozenset(), measured: frozenset[int] = frozenset()
+    ) -> ReadPlan:
+        """The projection of each root, fixed (the reads are complete): the paths of ``whole``
+        kept whole (their bytes are needed), the sizes of ``measured`` recorded."""
+        plans = {root: _plan(node, whole) for root, node in self._roots.items()}
+        return ReadPlan(plans, tuple(self._slots), measured)
+
+
+class _Walk:
+    """One expression's tree walked for the paths each value may be."""
+
+    def __init__(
+        self, reads: Reads, checked: Checked, variables: Mapping[str, frozenset[Path]]
+    ) -> None:
+        self.reads, self.checked, self.variables = reads, checked, variables
+        self.seen: dict[int, frozenset[Path]] = {}
+
+    def value(self, node: Node, scope: Mapping[str, frozenset[Path]]) -> frozenset[Path]:
+        paths = self._value(node, scope)
+        self.seen[node.id] = paths
+        return paths
+
+    def use(self, node: Node | None, scope: Mapping[str, frozenset[Path]]) -> None:
+        """``node``'s value is used whole."""
+        if node is not None:
+            self.reads.mark(self.value(node, scope), "whole")
+
+    def _value(self, node: Node, scope: Mapping[str, frozenset[Path]]) -> frozenset[Path]:
+        kind = node.kind
+        if kind is NodeKind.IDENT:
+            if node.name in scope:
+                return scope[node.name]
+            name = self.checked.references.get(node.id, node.name)
+            if name in OBJECT_ROOTS:
+                return frozenset({(name, ())})
+            return self.variables.get(name, frozenset())
+        if kind is NodeKind.SELECT:
+            assert node.operand is not None
+            below = _below(self.value(node.operand, scope), node.name)
+            if node.test_only:
+                self.reads.mark(below, "present")
+                return frozenset()
+            return below
+        if kind is NodeKind.CALL:
+            return self._call(node, scope)
+        if kind is NodeKind.COMPREHENSION:
+            return self._loop(node, scope)
+        for child in node.children():  # list and map literals keep their values whole
+            self.use(child, scope)
+        return frozenset()
+
+    def _call(self, node: Node, scope: Mapping[str, frozenset[Path]]) -> frozenset[Path]:
+        name, args, target = node.name, node.args, node.operand
+        if name in ("_?._", "_[_]", "_[?_]") and len(args) == 2:
+            operand = self.value(args[0], scope)
+            key = args[1]
+            if key.kind is NodeKind.CONST and isinstance(key.value, str):
+                self.value(key, scope)
+                return _below(operand, key.value)
+            self.use(key, scope)
+            return _below(operand, EACH)
+        if name == "_?_:_" and len(args) == 3:
+            self.use(args[0], scope)
+            return self.value(args[1], scope) | self.value(args[2], scope)
+        if name in ("orValue", "or") and target is not None and len(args) == 1:
+            return self.value(target, scope) | self.value(args[0], scope)
+        if name in ("value", "optional.of", "dyn") and len(args) + (target is not None) == 1:
+            return self.value(target if target is not None else args[0], scope)
+        if name == "hasValue" and target is not None and not args:
+            self.reads.mark(self.value(target, scope), "present")
+            return frozenset()
+        if name in ("_==_", "_!=_") and any(_null(arg) for arg in args):
+            # Compared with null: only whether it is there, not what it holds (``object ==
+            # null ? … : …`` on a delete, where object is null).
+            for arg in args:
+                self.reads.mark(self.value(arg, scope), "present")
+            return frozenset()
+        if name == "type" and len(args) == 1:
+            self.reads.mark(self.value(args[0], scope), "present")
+            return frozenset()
+        if name == "size" and len(args) + (target is not None) == 1:
+            self.reads.mark(self.value(target if target is not None else args[0], scope), "shape")
+            return frozenset()
+        if name == "@in" and len(args) == 2:
+            self.use(args[0], scope)
+            collection = self.value(args[1], scope)
+            self.reads.mark(collection, "shape")
+            self.reads.mark(_below(collection, EACH), "whole")
+            return frozenset()
+        self.use(target, scope)
+        for arg in args:
+            self.use(arg, scope)
+        return frozenset()
+
+    def _loop(self, node: Node, scope: Mapping[str, frozenset[Path]]) -> frozenset[Path]:
+        loop = node.loop
+        assert loop is not None
+        over = self.value(loop.iter_range, scope)
+        self.reads.mark(over, "shape")
+        inner = dict(scope)
+        if loop.iter_var2:  # (index or key, element or value)
+            inner[loop.iter_var], inner[loop.iter_var2] = frozenset(), _below(over, EACH)
+        else:
+            inner[loop.iter_var] = _below(over, EACH)
+        accumulated = self.value(loop.accu_init, scope)
+        for _ in range(4):  # what the accumulator may hold, to a fixed point
+            inner[loop.accu_var] = accumulated
+            self.use(loop.loop_condition, inner)
+            grown = accumulated | self.value(loop.loop_step, inner)
+            if grown == accumulated:
+                break
+            accumulated = grown
+        else:  # still growing (it never should): every path it reached is read whole
+            self.reads.mark(accumulated, "whole")
+        inner[loop.accu_var] = accumulated
+        after = {**scope, loop.accu_var: accumulated}
+        return self.value(loop.result, after)
+
+
+def _null(node: Node) -> bool:
+    return node.kind is NodeKind.CONST and node.value is None
+
+
+def _below(paths: frozenset[Path], step: str) -> frozenset[Path]:
+    return frozenset((root, (*steps, step)) for root, steps in paths)
+
+
+# --- the projection, per request ----------------------------------------------------------------
+
+
+_WHOLE, _PRESENT, _SHAPE, _FIELDS, _EACH = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one path of an object is cut: kept whole (measured in C by orjson), kept empty (only
+    tested with ``has()``), kept with its keys or elements but not their values (only
+    measured), cut to some of its fields, or cut element by element. Walking in Python costs
+    more per value than converting in C++, so only what saves conversion is walked."""
+
+    how: int
+    fields: Mapping[str, _Plan]
+    each: _Plan | None
+    slots: tuple[int, ...]
+    """The size slot this path's value fills."""
+    below: tuple[int, ...]
+    """The slots of every path under it: a value kept whole fills them with its own size."""
+    exact: tuple[tuple[tuple[str, ...], int], ...] = ()
+    """Of those, the ones reached by fields alone (``spec.devices``), with their steps: a value
+    kept whole measures their length where they are (a few lookups), not by its own size."""
+
+
+def _plan(node: _Read, forced: frozenset[int]) -> _Plan:
+    below = tuple(sorted(_descendants(node)))
+    slots = (node.slot,)
+    if node.whole or node.slot in forced:
+        exact = tuple(_by_fields(node, ()))
+        return _Plan(_WHOLE, {}, None, slots, below, exact)
+    if node.each is not None:
+        each = _plan(node.each, forced)
+        if node.fields or each.how == _WHOLE:
+            return _Plan(_WHOLE, {}, None, slots, below)
+        return _Plan(_EACH, {}, each, slots, below)
+    if node.fields:
+        if node.shape:
+            return _Plan(_WHOLE, {}, None, slots, below)
+        fields = {name: _plan(child, forced) for name, child in sorted(node.fields.items())}
+        return _Plan(_FIELDS, fields, None, slots, below)
+    if node.shape:
+        return _Plan(_SHAPE, {}, None, slots, below)
+    return _Plan(_PRESENT if node.present else _WHOLE, {}, None, slots, below)
+
+
+def _selector(
+    plan: _Plan, track: tuple[int, ...], whole: _Cutter, measured: frozenset[int]
+) -> _Cutter:
+    """A mapping cut to some of its fields. A field kept whole whose size no cost reads (a
+    name, a flag) is copied inline: a call per field would cost more than the cut saves."""
+    leaves: list[tuple[str, _Cutter]] = []
+    fields: list[tuple[str, _Cutter]] = []
+    for key, sub in plan.fields.items():
+        cutter = _cutter(sub, measured)
+        plain = sub.how == _WHOLE and not any(slot in measured for slot in sub.slots)
+        (leaves if plain else fields).append((key, cutter))
+
+    def select(value: Any, projection: Projection) -> Any:
+        if type(value) is not dict:
+            return whole(value, projection)
+        projection.walked += 1
+        if track:
+            projection.record(track, len(value), 0)
+        out = {}
+        for key, cut in leaves:
+            if key in value:
+                item = value[key]
+                kind = type(item)
+                if kind is str:
+                    projection.chars += len(item)
+                elif kind not in _PLAIN and not (kind is int and -_INT64 <= item < _INT64):
+                    item = cut(item, projection)
+                out[key] = item
+        for key, cut in fields:
+            if key in value:
+                out[key] = cut(value[key], projection)
+        return out
+
+    return select
+
+
+def _plain_fields(plan: _Plan, measured: frozenset[int]) -> tuple[str, ...] | None:
+    """The fields an element plan keeps, when it only keeps fields whole and measures none of
+    them (``d.name`` of each device): its elements are then cut in one comprehension."""
+    if plan.how != _FIELDS or any(slot in measured for slot in plan.slots):
+        return None
+    for sub in plan.fields.values():
+        if sub.how != _WHOLE or any(slot in measured for slot in sub.slots):
+            return None
+    return tuple(plan.fields)
+
+
+def _elements(value: list[Any], keys: tuple[str, ...], projection: Projection) -> Any:
+    """Mappings cut to ``keys`` in one comprehension, then measured (and their numbers
+    checked) in one call to orjson; None, to walk them one by one, when one is not a mapping or
+    holds what orjson refuses (an integer past 53 bits)."""
+    try:
+        if len(keys) == 1:  # the common case, without a comprehension per element
+            (key,) = keys
+            cut = [{key: item[key]} if key in item else {} for item in value]
+        else:
+            cut = [{key: item[key] for key in keys if key in item} for item in value]
+        if not all(type(item) is dict for item in value):
+            return None
+        size = len(orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER))
+    except TypeError:  # an element that is not a mapping; an integer past 53 bits
+        return None
+    projection.converted += size
+    projection.check()
+    return cut
+
+
+def _by_fields(node: _Read, steps: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], int]]:
+    for name, child in node.fields.items():
+        yield (*steps, name), child.slot
+        yield from _by_fields(child, (*steps, name))
+
+
+def _descendants(node: _Read) -> Iterator[int]:
+    for child in (*node.fields.values(), *((node.each,) if node.each is not None else ())):
+        yield child.slot
+        yield from _descendants(child)
+
+
+class ReadPlan:
+    """The projection of each root, compiled to one function per path, and the path each size
+    slot measures. Slot ``s`` has two sizes: ``2s`` the value's length (characters, elements,
+    entries), ``2s + 1`` its JSON bytes; only the slots a cost reads (``measured``) are
+    recorded."""
+
+    __slots__ = ("_cutters", "_plans", "slots")
+
+    def __init__(
+        self, roots: Mapping[str, _Plan], slots: tuple[str, ...], measured: frozenset[int]
+    ) -> None:
+        self.slots = slots
+        self._plans = dict(roots)
+        self._cutters = {root: _cutter(plan, measured) for root, plan in roots.items()}
+
+    @property
+    def walked(self) -> frozenset[int]:
+        """The slots of values walked rather than kept whole: their bytes are not measured."""
+        found: set[int] = set()
+        pending = list(self._plans.values())
+        while pending:
+            plan = pending.pop()
+            if plan.how != _WHOLE:
+                found.update(plan.slots)
+            pending.extend(plan.fields.values())
+            if plan.each is not None:
+                pending.append(plan.each)
+        return frozenset(found)
+
+    def project(self, root: str, value: Any, projection: Projection) -> Any:
+        """``value`` cut to what the expressions read of ``root`` (unchanged when none reads
+        it), its sizes recorded in ``projection``."""
+        cutter = self._cutters.get(root)
+        if cutter is None or value is None:
+            return value
+        return cutter(value, projection)
+
+
+class Projection:
+    """One request's cut objects: each measured size's largest value and total, and what the
+    cut cost (mappings and elements walked, bytes and characters to convert);
+    :class:`OverBudget` once that passes ``limit`` units."""
+
+    __slots__ = ("chars", "converted", "costs", "limit", "sizes", "sums", "walked")
+
+    def __init__(self, slots: int, limit: float, costs: tuple[float, float, float]) -> None:
+        self.sizes = [0] * (2 * slots)
+        """Each size's largest value."""
+        self.sums = [0] * (2 * slots)
+        """Each size's values added up (its instances under a list are disjoint)."""
+        self.walked = self.converted = self.chars = 0
+        self.limit = limit
+        self.costs = costs
+        """Units per value walked, per byte of a mapping or list, per character of a string."""
+
+    @property
+    def spent(self) -> float:
+        walk, convert, char = self.costs
+        return self.walked * walk + self.converted * convert + self.chars * char
+
+    def record(self, slots: tuple[int, ...], count: int, size: int) -> None:
+        sizes, sums = self.sizes, self.sums
+        for slot in slots:
+            at = 2 * slot
+            sums[at] += count
+            sums[at + 1] += size
+            if count > sizes[at]:
+                sizes[at] = count
+            if size > sizes[at + 1]:
+                sizes[at + 1] = size
+
+    def check(self) -> None:
+        if self.spent > self.limit:
+            raise OverBudget(self.spent)
+
+
+_Cutter = Callable[[Any, Projection], Any]
+_PLAIN = (bool, float, type(None))
+
+
+def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
+    """The function that cuts one path's value as ``plan`` says (a value of another shape than
+    the plan expects is kept whole: the runtime then gives its own error, as on the whole
+    object)."""
+    track = tuple(slot for slot in plan.slots if slot in measured)
+    exact = tuple((steps, (slot,)) for steps, slot in plan.exact if slot in measured)
+    placed = {slot for _, (slot,) in exact}
+    below = tuple(slot for slot in plan.below if slot in measured and slot not in placed)
+
+    def whole(value: Any, projection: Projection) -> Any:
+        kind = type(value)
+        if kind is str:
+            projection.chars += len(value)
+            if track:
+                projection.record(track, len(value), len(value) + 2)
+            return value
+        if kind is dict or kind is list:
+            value, size = _measured(value)
+            projection.converted += size
+            if track:
+                projection.record(track, len(value), size)
+            if below:
+                projection.record(below, size, size)
+            for steps, slots in exact:
+                projection.record(slots, _length(value, steps), size)
+            projection.check()
+            return value
+        if track:
+            projection.record(track, 1, 8)
+        return _scalar(value)
+
+    if plan.how == _FIELDS:
+        return _selector(plan, track, whole, measured)
+    if plan.how == _EACH:
+        assert plan.each is not None
+        element = _cutter(plan.each, measured)
+        keys = _plain_fields(plan.each, measured)
+
+        def each(value: Any, projection: Projection) -> Any:
+            kind = type(value)
+            if kind is not list and kind is not dict:
+                return whole(value, projection)
+            projection.walked += 1 + len(value)
+            if track:
+                projection.record(track, len(value), 0)
+            projection.check()
+            if kind is list:
+                if keys is not None and (cut := _elements(value, keys, projection)) is not None:
+                    return cut
+                return [element(item, projection) for item in value]
+            return {key: element(item, projection) for key, item in value.items()}
+
+        return each
+    if plan.how in (_SHAPE, _PRESENT):
+        shape = plan.how == _SHAPE
+
+        def keep(value: Any, projection: Projection) -> Any:
+            kind = type(value)
+            if kind is not list and kind is not dict:
+                return whole(value, projection)
+            if track:
+                projection.record(track, len(value) if shape else 0, 0)
+            if not shape:
+                return kind()
+            return [None] * len(value) if kind is list else dict.fromkeys(value)
+
+        return keep
+    return whole
+
+
+class OverBudget(Exception):
+    """The objects alone cost more than the request's budget to convert."""
+
+    def __init__(self, spent: float) -> None:
+        super().__init__(spent)
+        self.spent = spent
+
+
+def _length(value: Any, steps: tuple[str, ...]) -> int:
+    """The length of the value at ``steps`` (0 where there is none: reading it is an error)."""
+    for step in steps:
+        if type(value) is not dict or step not in value:
+            return 0
+        value = value[step]
+    return len(value) if type(value) in (dict, list, str) else 1
+
+
+def _measured(value: dict[str, Any] | list[Any]) -> tuple[Any, int]:
+    """A mapping or list as the runtime gets it, and its size in JSON bytes. orjson measures it
+    in C and refuses an integer past 53 bits: only then is it walked for Go's conversions."""
+    try:
+        return value, len(orjson.dumps(value, option=orjson.OPT_STRICT_INTEGER))
+    except TypeError:
+        converted = go_numbers(value)
+        return converted, len(orjson.dumps(converted))
+
+
+def _scalar(value: Any) -> Any:
+    if type(value) is int and not -_INT64 <= value < _INT64:
+        return _float(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    raise ReadError(f"a value the gatekeeper did not parse ({type(value).__name__})")
+
+
+def _float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ReadError(
+            "a number beyond a float64 (the apiserver refuses such a body too)"
+        ) from None
+
+
+def go_numbers(value: Any) -> Any:
+    """``value`` with every integer that does not fit int64 as a float64, as Go's JSON reads it
+    into an unstructured object; ReadError for what JSON cannot hold."""
+    stack: list[tuple[Any, Any, Any]] = []
+    root: list[Any] = [value]
+    stack.append((root, 0, value))
+    while stack:
+        parent, key, item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            copy = dict(item)
+            parent[key] = copy
+            stack.extend((copy, k, v) for k, v in item.items())
+        elif kind is list:
+            items = list(item)
+            parent[key] = items
+            stack.extend((items, index, v) for index, v in enumerate(item))
+        elif kind is not str:
+            parent[key] = _scalar(item)
+    return root[0]

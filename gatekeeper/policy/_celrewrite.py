@@ -1,0 +1,108 @@
+"""An expression's source rewritten where its checked tree says it names a declaration (a
+variable inlined, ``object`` read as ``oldObject``), never where its text merely looks like one
+(a string, a comment, a comprehension's own variable of the same name)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gatekeeper.policy._celast import Node, NodeKind
+from gatekeeper.policy._celprogram import Program
+
+__all__ = ["Reference", "Replacement", "references", "rewrite"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """Where a declaration is named in the source (``variables.node``: both words and the dot),
+    and the comprehension variables in scope there."""
+
+    name: str
+    start: int
+    end: int
+    local: frozenset[str]
+
+
+Replacement = Callable[[str], tuple[str, frozenset[str]] | None]
+"""A declaration's new text and the names that text reads; None keeps it."""
+
+
+def references(program: Program) -> list[Reference] | None:
+    """Every place ``program`` names a declaration, in source order; None when one cannot be
+    placed in the source exactly (it is then not rewritten)."""
+    checked, source = program.checked, program.source
+    found: list[Reference] = []
+    stack: list[tuple[Node, frozenset[str]]] = [(checked.root, frozenset())]
+    while stack:
+        node, local = stack.pop()
+        if node.kind is NodeKind.IDENT and node.name not in local:
+            name = checked.references.get(node.id, node.name)
+            span = _span(source, name, checked.positions, node.id)
+            if span is None:
+                return None
+            found.append(Reference(name, span[0], span[1], local))
+        if node.loop is not None:
+            loop = node.loop
+            inner = local | {loop.iter_var, loop.iter_var2, loop.accu_var}
+            stack += [(loop.iter_range, local), (loop.accu_init, local)]
+            stack += [(loop.loop_condition, inner), (loop.loop_step, inner)]
+            stack.append((loop.result, local | {loop.accu_var}))
+            continue
+        stack.extend((child, local) for child in node.children())
+    return sorted(found, key=lambda reference: reference.start)
+
+
+def _span(
+    source: str, name: str, positions: Mapping[int, int], ident: int
+) -> tuple[int, int] | None:
+    """Where ``name`` (a plain or a qualified name the checker resolved) is written. The parser
+    numbers a chain ``a.b.c`` in order (``a``, ``a.b``, ``a.b.c``) and places a select at its
+    dot: the chain starts where its first name was placed and ends after its last word."""
+    words = name.split(".")
+    first = positions.get(ident - (len(words) - 1))
+    if first is None or not source.startswith(words[0], first):
+        return None
+    if len(words) == 1:
+        return first, first + len(name)
+    dot = positions.get(ident)
+    if dot is None or source[dot : dot + 1] != ".":
+        return None
+    at = _skip_blank(source, dot + 1)
+    if not source.startswith(words[-1], at):
+        return None
+    return first, at + len(words[-1])
+
+
+def _skip_blank(source: str, at: int) -> int:
+    """The first character at or after ``at`` that is not blank or in a ``//`` comment."""
+    while at < len(source):
+        if source[at].isspace():
+            at += 1
+        elif source.startswith("//", at):
+            newline = source.find("\n", at)
+            at = len(source) if newline < 0 else newline + 1
+        else:
+            break
+    return at
+
+
+def rewrite(program: Program, replace: Replacement) -> str | None:
+    """``program``'s source with each declaration ``replace`` gives a new text for replaced;
+    None when a replacement would land where a comprehension variable of the same name as one
+    it reads hides it, or a declaration cannot be placed."""
+    found = references(program)
+    if found is None:
+        return None
+    out, at = [], 0
+    for reference in found:
+        replaced = replace(reference.name)
+        if replaced is None:
+            continue
+        text, reads = replaced
+        if reads & reference.local:
+            return None
+        out += [program.source[at : reference.start], text]
+        at = reference.end
+    out.append(program.source[at:])
+    return "".join(out)
