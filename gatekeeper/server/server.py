@@ -9,6 +9,7 @@ remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -43,6 +44,7 @@ from gatekeeper.server.health import (
 from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
+from gatekeeper.server.schemas import check_fields
 from gatekeeper.types import Identity, KubeObject
 from gatekeeper.upstream.reviewbudget import ReviewBudget
 from gatekeeper.upstream.session import Upstream, UpstreamSession, request
@@ -224,6 +226,8 @@ class GatekeeperServer:
         self.token_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
+        self._fields: asyncio.Future[list[str]] | None = None
+        """The check of the policy's CEL against the apiserver's schemas (at load, reload)."""
         self.guard: ConnectionGuard | None = None
         """Counts the drivers' listeners' connections (set by :meth:`start`)."""
         self.health: HealthServer | None = None
@@ -253,6 +257,19 @@ class GatekeeperServer:
         self.listening = True
         self.reloader.start()
         self._log_started()
+        self._check_fields(self.engine.policy)
+
+    def _check_fields(self, policy: Policy) -> None:
+        """The policy's CEL against the apiserver's schemas, in the background: a warning per
+        field they do not have (docs/policy.md#what-is-checked-at-load), never a delay."""
+        if self._fields is not None:
+            self._fields.cancel()
+        self._fields = asyncio.ensure_future(check_fields(self.upstream, policy))
+
+    async def fields_checked(self) -> list[str]:
+        """The warnings of the last check against the schemas, once it is done."""
+        assert self._fields is not None, "started"
+        return await asyncio.shield(self._fields)
 
     async def _health_runner(self) -> web.BaseRunner | None:
         """The health listener's runner, when one is configured (its own connection cap and
@@ -344,6 +361,10 @@ class GatekeeperServer:
         """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
         self.listening = False
         await self.reloader.stop()
+        if self._fields is not None:
+            self._fields.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._fields
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
@@ -379,6 +400,7 @@ class GatekeeperServer:
         )
         await self.remove_driver_sockets(sorted(old.drivers - policy.drivers))
         await self.add_driver_sockets(sorted(policy.drivers - old.drivers))
+        self._check_fields(policy)
 
     def _handshake_failed(self, peer: str, reason: str) -> None:
         self.metrics.tls_failures.labels(reason[:60]).inc()
