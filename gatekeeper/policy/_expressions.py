@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NoReturn
 
-from gatekeeper.policy._celenv import BUILT_INS, signature
 from gatekeeper.policy.cel import (
     BUILT_IN_VARIABLES,
     MAX_EXPRESSIONS,
@@ -20,6 +19,7 @@ from gatekeeper.policy.cel import (
     Variable,
     compile_program,
 )
+from gatekeeper.policy.cel._env import BUILT_INS, signature
 from gatekeeper.policy.draft import Located
 
 __all__ = ["KIND_CEL_KEYS", "read_kind_cel", "read_version_cel"]

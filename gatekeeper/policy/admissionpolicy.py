@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gatekeeper.codec.jsonpath import FieldPath
-from gatekeeper.policy._celrewrite import rewrite
 from gatekeeper.policy._celtext import unchanged_but
 from gatekeeper.policy.cel import CelRules, Program
+from gatekeeper.policy.cel._rewrite import rewrite
 from gatekeeper.policy.model import (
     ANY_DRIVER,
     Changeable,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from gatekeeper.policy._celast import NodeKind, read_checked
-from gatekeeper.policy._celenv import BUILT_INS
-from gatekeeper.policy._celrewrite import references, rewrite
 from gatekeeper.policy.admissionpolicy import export_policy
 from gatekeeper.policy.cel import CelRules, Program, Variable, compile_program
+from gatekeeper.policy.cel._ast import NodeKind, read_checked
+from gatekeeper.policy.cel._env import BUILT_INS
+from gatekeeper.policy.cel._rewrite import references, rewrite
 from gatekeeper.policyfile import parse_policy
 
 VARIABLES = {**BUILT_INS, "x": "string", "y": "dyn"}

@@ -12,9 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatekeeper.policy._celenv import BUILT_INS
-from gatekeeper.policy._celreads import ReadError, go_numbers
-from gatekeeper.policy._celrun import _projected, bindings
 from gatekeeper.policy.cel import (
     CelRules,
     EvaluationError,
@@ -24,6 +21,9 @@ from gatekeeper.policy.cel import (
     compile_program,
     evaluate,
 )
+from gatekeeper.policy.cel._cut import ReadError, go_numbers
+from gatekeeper.policy.cel._env import BUILT_INS
+from gatekeeper.policy.cel._run import _projected, bindings
 
 EXPRESSIONS = [
     "object.spec.name",
@@ -79,7 +79,7 @@ def _rules() -> CelRules:
 
 
 # map() and filter() over a list of the object cost its square: refused at load, on their own.
-with patch("gatekeeper.policy._celrun.COST_LIMIT", float("inf")):
+with patch("gatekeeper.policy.cel._analysis.COST_LIMIT", float("inf")):
     RULES = _rules()
 
 
@@ -107,7 +107,7 @@ def test_every_expression_gives_the_same_on_the_cut_objects(obj: Any, old: Any) 
         whole = go_numbers(obj), go_numbers(old)
     except ReadError:
         return  # a number beyond a float64: refused before anything is evaluated
-    with patch("gatekeeper.policy._celrun.REQUEST_BUDGET", float("inf")):
+    with patch("gatekeeper.policy.cel._run.REQUEST_BUDGET", float("inf")):
         cut, _ = _projected(
             RULES.analysis, {"object": obj, "oldObject": old}, [], RULES.analysis.write
         )

@@ -1,220 +1,28 @@
-"""The CEL of one kind version, analysed when the policy loads (what it reads of the objects, what
-each expression may cost) and run per request: the objects cut to what is read, the cost bounded
-from their sizes before anything is evaluated, then the variables (lazily), the scope and the
-validations, as a ValidatingAdmissionPolicy runs them."""
+"""The CEL of one kind version run on one request, as a ValidatingAdmissionPolicy runs it: the
+objects cut to what is read and the cost bounded from their sizes before anything is evaluated
+(over the budget: refused), then the validations together (the usual case: all hold), or the
+scope and each validation in order, their variables evaluated lazily, once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from gatekeeper.messages import capped
-from gatekeeper.policy._celcost import (
-    CHAR,
-    CONVERT,
-    COST_LIMIT,
-    EVALUATION,
-    MAX_OBJECT_BYTES,
-    REQUEST_BUDGET,
-    SUM,
-    UNITS,
-    WALK,
-    CostError,
-    Poly,
-    Sizes,
-    estimate,
-    worst,
-)
-from gatekeeper.policy._celenv import BUILT_INS, OBJECT_ROOTS
-from gatekeeper.policy._celprogram import (
-    CelError,
+from gatekeeper.policy.cel._analysis import Analysis, projection_bound
+from gatekeeper.policy.cel._cut import OverBudget, Projection, ReadError
+from gatekeeper.policy.cel._poly import CHAR, CONVERT, REQUEST_BUDGET, UNITS, WALK, Poly
+from gatekeeper.policy.cel._program import (
     EvaluationError,
     Outcome,
     Program,
     Validation,
     Variable,
     activation,
-    compile_program,
     evaluate,
 )
-from gatekeeper.policy._celreads import OverBudget, Path, Projection, ReadError, ReadPlan, Reads
-from gatekeeper.policy._celrewrite import rewrite
 
-__all__ = ["Analysis", "ProgramError", "analyze", "bindings", "holds_scope", "validate"]
-
-_Needed = Callable[[Program], tuple[Variable, ...]]
-
-
-class ProgramError(CelError):
-    """A fault of one expression found when its rule set is analysed (its cost)."""
-
-    def __init__(self, program: Program, message: str) -> None:
-        super().__init__(message, 0)
-        self.program = program
-
-
-@dataclass(frozen=True, slots=True)
-class Analysis:
-    """What a rule set reads and may cost."""
-
-    plan: ReadPlan
-    costs: Mapping[int, Poly]
-    """Per program (by ``id``): one evaluation, its runtime call included."""
-    write: Poly
-    """Every expression a write may evaluate (the scope twice: object and stored object)."""
-    read: Poly
-    """A read's scope and the variables it needs."""
-    names: frozenset[str]
-    """Every declaration an expression reads: the bindings to make."""
-    worst: Mapping[int, float]
-    """Per program: its cost on the largest objects, the variables it needs included."""
-    together: Program | None = None
-    """Every validation in one expression, the variables they need bound in it
-    (``cel.bind``): one evaluation when all hold, the usual case. When it does not give true,
-    the validations are evaluated one by one, as an admission policy evaluates them."""
-    needs: Mapping[int, tuple[Variable, ...]] = field(default_factory=dict)
-    """Per program: the variables it needs (:meth:`~gatekeeper.policy.cel.CelRules.needed`)."""
-    paths: Mapping[int, frozenset[Path]] = field(default_factory=dict)
-    """Per program: the paths of ``object`` and ``oldObject`` it reads (through its variables
-    too)."""
-
-    @property
-    def reads_request(self) -> bool:
-        return any(name.startswith("request.") for name in self.names)
-
-
-def analyze(
-    variables: tuple[Variable, ...],
-    validations: tuple[Validation, ...],
-    scope: Program | None,
-    needed: _Needed,
-) -> Analysis:
-    """The analysis of a rule set; ProgramError naming the expression that cannot be bounded
-    or that costs more than :data:`COST_LIMIT` on the largest objects."""
-    reads = Reads()
-    aliases: dict[str, frozenset[Path]] = {}
-    for variable in variables:
-        aliases[f"variables.{variable.name}"] = reads.add(variable.program.checked, aliases)
-    others = _others(validations, scope)
-    for program in others:
-        reads.mark(reads.add(program.checked, aliases), "whole")
-    sizes: dict[str, Sizes] = {}
-    costs: dict[int, Poly] = {}
-    for program, name in [*((v.program, v.name) for v in variables), *((p, "") for p in others)]:
-        try:
-            found = estimate(program.checked, reads, sizes)
-        except CostError as exc:
-            raise ProgramError(program, str(exc)) from None
-        costs[id(program)] = found.cost + Poly.of(EVALUATION)
-        if name:
-            sizes[f"variables.{name}"] = found.sizes
-    # The sizes the costs read; a walked value's bytes are not measured, so a cost that needs
-    # them keeps the value whole.
-    variables_read = {
-        s - SUM if s >= SUM else s for c in costs.values() for t in c.terms for s in t
-    }
-    measured = frozenset(v // 2 for v in variables_read)
-    bytes_needed = frozenset(v // 2 for v in variables_read if v % 2 == 1)
-    plan = reads.plan(frozenset(), measured)
-    if bytes_needed & plan.walked:
-        plan = reads.plan(bytes_needed, measured)
-    worst_costs = {
-        id(p): _worst(p, costs, needed) for p in (*(v.program for v in variables), *others)
-    }
-    for program in others:
-        if worst_costs[id(program)] > COST_LIMIT:
-            raise ProgramError(
-                program, _too_costly(worst_costs[id(program)], program, reads, costs)
-            )
-    every = Poly()
-    for cost in costs.values():
-        every = every + cost
-    read = Poly()
-    if scope is not None:
-        read = costs[id(scope)]
-        for variable in needed(scope):
-            read = read + costs[id(variable.program)]
-    names = frozenset(
-        name for program in (*(v.program for v in variables), *others) for name in program.names
-    )
-    together = _together(variables, validations, needed)
-    programs = (*(v.program for v in variables), *others)
-    needs = {id(p): needed(p) for p in programs}
-    paths = {id(p): frozenset().union(*reads.values[id(p.checked)].values()) for p in programs}
-    return Analysis(plan, costs, every + read, read, names, worst_costs, together, needs, paths)
-
-
-def _together(
-    variables: tuple[Variable, ...], validations: tuple[Validation, ...], needed: _Needed
-) -> Program | None:
-    """The validations as one expression, their variables bound with ``cel.bind`` in the order
-    they are defined (a later one may read an earlier one); None when a variable cannot be
-    renamed where it is read, or there is nothing to put together."""
-    if not validations:
-        return None
-    wanted = {v.name for validation in validations for v in needed(validation.program)}
-    local = {f"variables.{v.name}": f"__v_{v.name}" for v in variables if v.name in wanted}
-
-    def rename(name: str) -> tuple[str, frozenset[str]] | None:
-        return (local[name], frozenset()) if name in local else None
-
-    parts = []
-    for validation in validations:
-        part = rewrite(validation.program, rename)
-        if part is None:
-            return None
-        parts.append(f"(\n{part}\n)")
-    source = " && ".join(parts)
-    for variable in reversed([v for v in variables if v.name in wanted]):
-        value = rewrite(variable.program, rename)
-        if value is None:
-            return None
-        source = f"cel.bind({local[f'variables.{variable.name}']}, (\n{value}\n), {source})"
-    try:
-        return compile_program(
-            source, "validations", variables=BUILT_INS, result="bool", limit=None
-        )
-    except CelError:
-        return None
-
-
-def _others(validations: tuple[Validation, ...], scope: Program | None) -> list[Program]:
-    out = [scope] if scope is not None else []
-    for validation in validations:
-        out.append(validation.program)
-        if validation.message_expression is not None:
-            out.append(validation.message_expression)
-    return out
-
-
-def _worst(program: Program, costs: Mapping[int, Poly], needed: _Needed) -> float:
-    total = costs[id(program)].value(worst)
-    roots = set(_roots(program))
-    for variable in needed(program):
-        total += costs[id(variable.program)].value(worst)
-        roots.update(_roots(variable.program))
-    # Every object it reads converted and walked whole, at its largest.
-    return total + len(roots) * MAX_OBJECT_BYTES * (CONVERT + WALK / 2)
-
-
-def _roots(program: Program) -> Iterable[str]:
-    return (root for root in OBJECT_ROOTS if root in program.names)
-
-
-def _too_costly(cost: float, program: Program, reads: Reads, costs: Mapping[int, Poly]) -> str:
-    from gatekeeper.policy._celcost import describe
-
-    shown = capped(describe(costs[id(program)], reads), 600)
-    return (
-        f"may cost up to {cost:.3g} {UNITS} on a {MAX_OBJECT_BYTES // (1024 * 1024)} MiB "
-        f"object, over the limit of {COST_LIMIT:.3g} per expression: its cost is {shown} "
-        "(|x| is the size of x: a loop over a loop over the object, or map() and filter() over "
-        "one of its lists, grow with its square)"
-    )
-
-
-# --- per request ---------------------------------------------------------------------------------
+__all__ = ["bindings", "holds_scope", "validate"]
 
 
 class _Budget(Exception):
@@ -236,8 +44,7 @@ def _projected(
         extra = [analysis.plan.project("object", value, projection) for value in as_object]
     except OverBudget as exc:
         raise _Budget(exc.spent) from None
-    sizes, sums = projection.sizes, projection.sums
-    bound = projection.spent + cost.value(lambda s: sums[s - SUM] if s >= SUM else sizes[s])
+    bound = projection_bound(projection, cost)
     if bound > REQUEST_BUDGET:
         raise _Budget(bound)
     return cut, extra

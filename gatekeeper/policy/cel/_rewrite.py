@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gatekeeper.policy._celast import Node, NodeKind
-from gatekeeper.policy._celprogram import Program
+from gatekeeper.policy.cel._ast import Node, NodeKind
+from gatekeeper.policy.cel._program import Program
 
 __all__ = ["Reference", "Replacement", "references", "rewrite"]
 
@@ -87,14 +87,17 @@ def _skip_blank(source: str, at: int) -> int:
     return at
 
 
-def rewrite(program: Program, replace: Replacement) -> str | None:
-    """``program``'s source with each declaration ``replace`` gives a new text for replaced;
-    None when a replacement would land where a comprehension variable of the same name as one
-    it reads hides it, or a declaration cannot be placed."""
+def rewrite(
+    program: Program, replace: Replacement, collapse: frozenset[int] = frozenset()
+) -> str | None:
+    """``program``'s source with each declaration ``replace`` gives a new text for replaced,
+    and each select of ``collapse`` (node ids of ``x.f``, ``x`` a comprehension's variable)
+    written as its operand alone; None when a replacement would land where a comprehension
+    variable of the same name as one it reads hides it, or a name cannot be placed."""
     found = references(program)
     if found is None:
         return None
-    out, at = [], 0
+    edits: list[tuple[int, int, str]] = []
     for reference in found:
         replaced = replace(reference.name)
         if replaced is None:
@@ -102,7 +105,32 @@ def rewrite(program: Program, replace: Replacement) -> str | None:
         text, reads = replaced
         if reads & reference.local:
             return None
-        out += [program.source[at : reference.start], text]
-        at = reference.end
+        edits.append((reference.start, reference.end, text))
+    for node in program.checked.root.walk():
+        if node.id in collapse:
+            span = _collapsed(program, node)
+            if span is None:
+                return None
+            edits.append(span)
+    out, at = [], 0
+    for start, end, text in sorted(edits):
+        if start < at:
+            return None
+        out += [program.source[at:start], text]
+        at = end
     out.append(program.source[at:])
     return "".join(out)
+
+
+def _collapsed(program: Program, select: Node) -> tuple[int, int, str] | None:
+    """The span of ``x.f`` and ``x``: the select's dot is placed, its operand before it."""
+    operand, positions, source = select.operand, program.checked.positions, program.source
+    if operand is None or operand.kind is not NodeKind.IDENT:
+        return None
+    start, dot = positions.get(operand.id), positions.get(select.id)
+    if start is None or dot is None or not source.startswith(operand.name, start):
+        return None
+    at = _skip_blank(source, dot + 1)
+    if source[dot : dot + 1] != "." or not source.startswith(select.name, at):
+        return None
+    return start, at + len(select.name), operand.name

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.messages import capped
-from gatekeeper.policy._celast import CelType, Checked
-from gatekeeper.policy._celenv import BUILT_INS, CheckError, check, globals_of, runtime_env
+from gatekeeper.policy.cel._ast import CelType, Checked
+from gatekeeper.policy.cel._env import BUILT_INS, CheckError, check, globals_of, runtime_env
 
 __all__ = [
     "BUILT_IN_VARIABLES",

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from functools import cache
 from typing import Any
 
-from gatekeeper.policy._celast import CelType, Checked, Node, NodeKind, read_checked
+from gatekeeper.policy.cel._ast import CelType, Checked, Node, NodeKind, read_checked
 
 __all__ = [
     "BUILT_INS",

@@ -1,15 +1,5 @@
-"""CEL in the policy: expressions compiled and type-checked when the policy loads, evaluated purely
-per request with the variables of a ValidatingAdmissionPolicy (docs/policy.md#cel-rules).
-
-The runtime is ``cel-expr-python`` (Google's C++ CEL, the optional syntax ``.?``/``[?…]`` and
-``orValue`` included), imported on the first compile: a policy without CEL never loads it. What
-the policy knows about an expression (the variables it reads, whether it reads ``oldObject``,
-the paths of the objects it reads, what it may cost) comes from the checked tree the runtime
-evaluates (:mod:`gatekeeper.policy._celast`), never from its text. Cost is bounded by
-construction (:mod:`gatekeeper.policy._celcost`): an expression too costly on the largest
-object is refused at load, a request whose objects make its CEL too costly is refused before
-anything is evaluated, and every message an expression gives is capped.
-"""
+"""The CEL of one kind version (:class:`CelRules`, analysed when made), and the calls the engine
+makes: a write's validations, a read's scope, a write's cost bound."""
 
 from __future__ import annotations
 
@@ -17,54 +7,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatekeeper.policy._celcost import COST_LIMIT, REQUEST_BUDGET
-from gatekeeper.policy._celprogram import (
-    BUILT_IN_VARIABLES,
-    MAX_EXPRESSIONS,
-    MAX_SOURCE,
-    CelError,
-    EvaluationError,
-    Outcome,
-    Program,
-    StatusReason,
-    Validation,
-    Variable,
-    activation,
-    compile_program,
-    evaluate,
-    programs_of,
-)
-from gatekeeper.policy._celrun import (
-    Analysis,
-    ProgramError,
-    analyze,
-    bindings,
-    holds_scope,
-    validate,
-)
+from gatekeeper.policy.cel._analysis import Analysis, analyze, request_bound
+from gatekeeper.policy.cel._program import Outcome, Program, Validation, Variable, programs_of
+from gatekeeper.policy.cel._run import holds_scope, validate
 
-__all__ = [
-    "BUILT_IN_VARIABLES",
-    "COST_LIMIT",
-    "MAX_EXPRESSIONS",
-    "MAX_SOURCE",
-    "REQUEST_BUDGET",
-    "CelError",
-    "CelRules",
-    "EvaluationError",
-    "Outcome",
-    "Program",
-    "ProgramError",
-    "StatusReason",
-    "Validation",
-    "Variable",
-    "activation",
-    "bindings",
-    "compile_program",
-    "evaluate",
-    "in_scope",
-    "run_validations",
-]
+__all__ = ["CelRules", "cost_bound", "in_scope", "run_validations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +90,14 @@ def run_validations(
     if rules.analysis is None:
         return None
     return validate(rules.analysis, rules, obj, old, request, builtins, scoped)
+
+
+def cost_bound(rules: CelRules, obj: Any, old: Any = None) -> float:
+    """The cost bound of evaluating ``rules`` on a write of ``obj`` over ``old`` (in units of
+    about a nanosecond), as computed before evaluating: the budget is compared with it."""
+    if rules.analysis is None:
+        return 0.0
+    return request_bound(rules.analysis, {"object": obj, "oldObject": old})
 
 
 def in_scope(
