@@ -15,4 +15,6 @@ def capped(text: str, limit: int = MAX_MESSAGE) -> str:
     if len(text) <= limit:
         return text
     cut = f"… ({len(text) - limit} more characters)"
-    return text[: max(0, limit - len(cut))] + cut
+    if len(cut) >= limit:
+        return text[:limit]
+    return text[: limit - len(cut)] + cut

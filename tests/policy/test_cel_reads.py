@@ -21,9 +21,9 @@ from gatekeeper.policy.cel import (
     compile_program,
     evaluate,
 )
-from gatekeeper.policy.cel._cut import ReadError, go_numbers
+from gatekeeper.policy.cel._cut import NotFlat, ReadError, go_numbers
 from gatekeeper.policy.cel._env import BUILT_INS
-from gatekeeper.policy.cel._run import _projected, bindings
+from gatekeeper.policy.cel._run import _projected, _true, bindings
 
 EXPRESSIONS = [
     "object.spec.name",
@@ -109,7 +109,7 @@ def test_every_expression_gives_the_same_on_the_cut_objects(obj: Any, old: Any) 
         return  # a number beyond a float64: refused before anything is evaluated
     with patch("gatekeeper.policy.cel._run.REQUEST_BUDGET", float("inf")):
         cut, _ = _projected(
-            RULES.analysis, {"object": obj, "oldObject": old}, [], RULES.analysis.write
+            RULES.analysis, RULES.analysis.plan, {"object": obj, "oldObject": old}, []
         )
     assert _evaluate_all(cut["object"], cut["oldObject"]) == _evaluate_all(*whole)
 
@@ -138,7 +138,7 @@ def test_a_cut_slice_keeps_only_what_is_read() -> None:
         },
     }
     cut, _ = _projected(
-        rules.analysis, {"object": body, "oldObject": None}, [], rules.analysis.write
+        rules.analysis, rules.analysis.plan, {"object": body, "oldObject": None}, []
     )
     assert cut["object"] == {
         "metadata": {"labels": {}},
@@ -167,3 +167,52 @@ def test_numbers_are_read_as_gos_json_reads_them(value: Any, expected: Any) -> N
 def test_a_number_beyond_a_float64_is_refused() -> None:
     with pytest.raises(ReadError, match="beyond a float64"):
         go_numbers({"a": [10**400]})
+
+
+FLAT = CelRules(
+    validations=tuple(
+        Validation(f"v{index}", compile_program(source, source, variables=BUILT_INS))
+        for index, source in enumerate(
+            [
+                "object.spec.items.all(i, i.name.startsWith('n') || i.name == 1)",
+                "object.spec.items.size() < 4",
+                "object.spec.items.exists(item, item.name != '')",
+            ]
+        )
+    )
+)
+
+
+_ITEMS = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {"name": st.one_of(st.sampled_from(["n1", "name", "", "x"]), _LEAVES)},
+            optional={"a": _JSON},
+        ),
+        _JSON,
+    ),
+    max_size=5,
+)
+
+
+@given(st.fixed_dictionaries({"spec": st.fixed_dictionaries({"items": _ITEMS})}) | _OBJECTS)
+def test_lists_cut_to_one_field_give_what_the_whole_gives(obj: Any) -> None:
+    """A list read only through one field of its elements is cut to that field's values, and
+    the validations together read ``i`` for ``i.name``: all hold on that cut exactly when they
+    all hold on the whole object (an object it does not fit is cut as usual)."""
+    analysis = FLAT.analysis
+    assert analysis is not None and analysis.flat is not None
+    assert "i.name" not in analysis.flat.together.source
+    try:
+        whole = go_numbers(obj)
+    except ReadError:
+        return
+    holds = all(_outcome(v.program, {"object": whole}) == ("value", True) for v in FLAT.validations)
+    try:
+        with patch("gatekeeper.policy.cel._run.REQUEST_BUDGET", float("inf")):
+            cut, _ = _projected(
+                analysis, analysis.flat.plan, {"object": obj, "oldObject": None}, []
+            )
+    except NotFlat:
+        return
+    assert _true(analysis.flat.together, activation({"object": cut["object"]})) is holds

@@ -33,7 +33,14 @@ from gatekeeper.policy.cel._program import CelError, Program, Validation, Variab
 from gatekeeper.policy.cel._reads import Path, Reads
 from gatekeeper.policy.cel._rewrite import rewrite
 
-__all__ = ["Analysis", "ProgramError", "analyze", "projection_bound", "request_bound"]
+__all__ = [
+    "Analysis",
+    "Flat",
+    "ProgramError",
+    "analyze",
+    "projection_bound",
+    "request_bound",
+]
 
 _Needed = Callable[[Program], tuple[Variable, ...]]
 
@@ -44,6 +51,18 @@ class ProgramError(CelError):
     def __init__(self, program: Program, message: str) -> None:
         super().__init__(message, 0)
         self.program = program
+
+
+@dataclass(frozen=True, slots=True)
+class Flat:
+    """The validations together on objects whose lists read through one field of their
+    elements are cut to that field's values (``devices`` to the devices' names), with
+    ``d.name`` written ``d``: a write of the usual case converts a list of strings, not a list
+    of mappings. Used first; when an object does not fit, or the validations do not all hold,
+    the objects are cut as usual."""
+
+    plan: ReadPlan
+    together: Program
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +89,12 @@ class Analysis:
     paths: Mapping[int, frozenset[Path]] = field(default_factory=dict)
     """Per program: the paths of ``object`` and ``oldObject`` it reads (through its variables
     too)."""
-
-    @property
-    def reads_request(self) -> bool:
-        return any(name.startswith("request.") for name in self.names)
+    flat: Flat | None = None
+    reads_request: bool = False
+    """Whether an expression reads ``request`` (it is then made for the write)."""
+    reads_stored: bool = False
+    """Whether an expression that is evaluated (the scope, a validation or its message, a
+    variable one of them needs) reads ``oldObject``."""
 
 
 def analyze(
@@ -108,9 +129,11 @@ def analyze(
     }
     measured = frozenset(v // 2 for v in variables_read)
     bytes_needed = frozenset(v // 2 for v in variables_read if v % 2 == 1)
-    plan = read_plan(reads, frozenset(), measured)
+    whole: frozenset[int] = frozenset()
+    plan = read_plan(reads, whole, measured)
     if bytes_needed & plan.walked:
-        plan = read_plan(reads, bytes_needed, measured)
+        whole = bytes_needed
+        plan = read_plan(reads, whole, measured)
     worst_costs = {
         id(p): _worst(p, costs, needed) for p in (*(v.program for v in variables), *others)
     }
@@ -130,19 +153,37 @@ def analyze(
     names = frozenset(
         name for program in (*(v.program for v in variables), *others) for name in program.names
     )
-    together = _together(variables, validations, needed)
+    together = _together(variables, validations, needed, {})
     programs = (*(v.program for v in variables), *others)
     needs = {id(p): needed(p) for p in programs}
     paths = {id(p): frozenset().union(*reads.values[id(p.checked)].values()) for p in programs}
-    return Analysis(plan, costs, every + read, read, names, worst_costs, together, needs, paths)
+    flat = None
+    flattenable = reads.flattenable([p.checked for p in programs], measured)
+    if together is not None and flattenable.fields:
+        flat_together = _together(variables, validations, needed, flattenable.collapse)
+        if flat_together is not None:
+            flat = Flat(read_plan(reads, whole, measured, flattenable.fields), flat_together)
+    reads_request = any(name.startswith("request.") for name in names)
+    reads_stored = any(
+        program.reads_stored or any(v.program.reads_stored for v in needed(program))
+        for program in others
+    )
+    return Analysis(
+        plan, costs, every + read, read, names, worst_costs, together, needs, paths, flat,
+        reads_request, reads_stored,
+    )  # fmt: skip
 
 
 def _together(
-    variables: tuple[Variable, ...], validations: tuple[Validation, ...], needed: _Needed
+    variables: tuple[Variable, ...],
+    validations: tuple[Validation, ...],
+    needed: _Needed,
+    collapse: Mapping[int, frozenset[int]],
 ) -> Program | None:
     """The validations as one expression, their variables bound with ``cel.bind`` in the order
-    they are defined (a later one may read an earlier one); None when a variable cannot be
-    renamed where it is read, or there is nothing to put together."""
+    they are defined (a later one may read an earlier one), and the selects of ``collapse``
+    (per Checked) written as their loop's variable; None when a variable cannot be renamed
+    where it is read, or there is nothing to put together."""
     if not validations:
         return None
     wanted = {v.name for validation in validations for v in needed(validation.program)}
@@ -153,13 +194,13 @@ def _together(
 
     parts = []
     for validation in validations:
-        part = rewrite(validation.program, rename)
+        part = rewrite(validation.program, rename, collapse.get(id(validation.program.checked)))
         if part is None:
             return None
         parts.append(f"(\n{part}\n)")
     source = " && ".join(parts)
     for variable in reversed([v for v in variables if v.name in wanted]):
-        value = rewrite(variable.program, rename)
+        value = rewrite(variable.program, rename, collapse.get(id(variable.program.checked)))
         if value is None:
             return None
         source = f"cel.bind({local[f'variables.{variable.name}']}, (\n{value}\n), {source})"

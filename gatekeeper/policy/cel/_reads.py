@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from gatekeeper.policy.cel._ast import Checked, Node, NodeKind
 from gatekeeper.policy.cel._env import OBJECT_ROOTS
 
-__all__ = ["EACH", "Path", "Read", "Reads"]
+__all__ = ["EACH", "Flattenable", "Path", "Read", "Reads"]
 
 EACH = "*"
 """A step to every element of a list, or every value of a map."""
@@ -101,6 +101,95 @@ class Reads:
     def paths(self) -> tuple[str, ...]:
         """The path each size slot measures."""
         return tuple(self._slots)
+
+    def flattenable(self, trees: Iterable[Checked], measured: frozenset[int]) -> Flattenable:
+        """The lists read only element by element through one field, in loops over them
+        (``devices.all(d, d.name.startsWith('gpu-'))``, and ``size()``): the runtime converts
+        a list of that field's values in a fraction of the time it converts a list of mappings,
+        and an expression written with ``d`` for ``d.name`` gives the same. Each such path with
+        its field, and per expression (``id`` of its Checked) the selects to rewrite."""
+        found: dict[Path, str] = {}
+        for root, node in self._roots.items():
+            _candidates(root, (), node, measured, found)
+        selects: dict[Path, list[tuple[int, int]]] = {path: [] for path in found}
+        for tree in trees:
+            _verify(tree, self.values.get(id(tree), {}), found, selects)
+        collapse: dict[int, set[int]] = {}
+        for path in found:
+            for tree_id, node_id in selects[path]:
+                collapse.setdefault(tree_id, set()).add(node_id)
+        return Flattenable(found, {key: frozenset(ids) for key, ids in collapse.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Flattenable:
+    """Lists read through one field of their elements (:meth:`Reads.flattenable`)."""
+
+    fields: Mapping[Path, str]
+    """Each list's path, and the field its elements are read through."""
+    collapse: Mapping[int, frozenset[int]]
+    """Per expression (``id`` of its Checked): the selects ``x.field`` to write as ``x``."""
+
+
+def _candidates(
+    root: str, steps: tuple[str, ...], node: Read, measured: frozenset[int], found: dict[Path, str]
+) -> None:
+    element = node.each
+    if (
+        element is not None
+        and not (node.whole or node.present or node.fields)
+        and not (element.whole or element.present or element.shape or element.each)
+        and len(element.fields) == 1
+        and element.slot not in measured
+    ):
+        ((name, leaf),) = element.fields.items()
+        if not (leaf.fields or leaf.each) and leaf.slot not in measured:
+            found[(root, steps)] = name
+    for name, child in node.fields.items():
+        _candidates(root, (*steps, name), child, measured, found)
+
+
+def _verify(
+    tree: Checked,
+    values: Mapping[int, frozenset[Path]],
+    found: dict[Path, str],
+    selects: dict[Path, list[tuple[int, int]]],
+) -> None:
+    """Drop from ``found`` a list whose elements ``tree`` reads otherwise than through the
+    field, as the variable of a loop over that list alone; record the selects of the field."""
+    parents = {child.id: node for node in tree.root.walk() for child in node.children()}
+    stack: list[tuple[Node, Mapping[str, frozenset[Path]]]] = [(tree.root, {})]
+    while stack:
+        node, loops = stack.pop()
+        paths = values.get(node.id, frozenset())
+        for (root, steps), name in list(found.items()):
+            if (root, (*steps, EACH)) not in paths:
+                continue
+            ranged = loops.get(node.name) if node.kind is NodeKind.IDENT else None
+            select = parents.get(node.id)
+            if (
+                ranged == frozenset({(root, steps)})
+                and select is not None
+                and select.kind is NodeKind.SELECT
+                and select.name == name
+                and not select.test_only
+            ):
+                selects[(root, steps)].append((id(tree), select.id))
+            else:
+                del found[(root, steps)]
+        if node.loop is not None:
+            loop = node.loop
+            over = values.get(loop.iter_range.id, frozenset())
+            inner = dict(loops)
+            inner[loop.iter_var] = frozenset() if loop.iter_var2 else over
+            if loop.iter_var2:
+                for path in over:
+                    found.pop(path, None)
+            stack += [(loop.iter_range, loops), (loop.accu_init, loops)]
+            stack += [(loop.loop_condition, inner), (loop.loop_step, inner)]
+            stack.append((loop.result, loops))
+            continue
+        stack.extend((child, loops) for child in node.children())
 
 
 class _Walk:

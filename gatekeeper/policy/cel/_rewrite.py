@@ -88,7 +88,7 @@ def _skip_blank(source: str, at: int) -> int:
 
 
 def rewrite(
-    program: Program, replace: Replacement, collapse: frozenset[int] = frozenset()
+    program: Program, replace: Replacement, collapse: frozenset[int] | None = None
 ) -> str | None:
     """``program``'s source with each declaration ``replace`` gives a new text for replaced,
     and each select of ``collapse`` (node ids of ``x.f``, ``x`` a comprehension's variable)
@@ -106,8 +106,8 @@ def rewrite(
         if reads & reference.local:
             return None
         edits.append((reference.start, reference.end, text))
-    for node in program.checked.root.walk():
-        if node.id in collapse:
+    for node in program.checked.root.walk() if collapse is not None else ():
+        if collapse is not None and node.id in collapse:
             span = _collapsed(program, node)
             if span is None:
                 return None

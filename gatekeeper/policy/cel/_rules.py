@@ -43,17 +43,7 @@ class CelRules:
         """Whether an expression that is evaluated may read ``oldObject``: the scope, a
         validation or its message, or a variable one of them reads (variables are lazy, so one
         nothing reads is never evaluated)."""
-        roots = [self.scope] if self.scope is not None else []
-        for validation in self.validations:
-            roots.append(validation.program)
-            if validation.message_expression is not None:
-                roots.append(validation.message_expression)
-        return any(
-            program.reads_stored for root in roots for program in (root, *self._programs_of(root))
-        )
-
-    def _programs_of(self, program: Program) -> Iterable[Program]:
-        return (variable.program for variable in self.needed(program))
+        return self.analysis is not None and self.analysis.reads_stored
 
     def needed(self, program: Program) -> tuple[Variable, ...]:
         """The variables ``program`` reads, directly or through other variables, in the order

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from gatekeeper.messages import capped
-from gatekeeper.policy.cel._analysis import Analysis, projection_bound
-from gatekeeper.policy.cel._cut import OverBudget, Projection, ReadError
+from gatekeeper.policy.cel._analysis import Analysis, Flat, projection_bound
+from gatekeeper.policy.cel._cut import NotFlat, OverBudget, Projection, ReadError, ReadPlan
 from gatekeeper.policy.cel._poly import CHAR, CONVERT, REQUEST_BUDGET, UNITS, WALK, Poly
 from gatekeeper.policy.cel._program import (
     EvaluationError,
@@ -32,19 +32,22 @@ class _Budget(Exception):
 
 
 def _projected(
-    analysis: Analysis, objects: Mapping[str, Any], as_object: Iterable[Any], cost: Poly
+    analysis: Analysis,
+    plan: ReadPlan,
+    objects: Mapping[str, Any],
+    as_object: Iterable[Any],
+    cost: Poly | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """The objects cut to what is read, and the cost bound of evaluating ``cost`` on them;
-    _Budget when over :data:`REQUEST_BUDGET`, ReadError for an object the runtime cannot get."""
-    projection = Projection(len(analysis.plan.slots), REQUEST_BUDGET, (WALK, CONVERT, CHAR))
+    """The objects cut as ``plan`` says, and the cost bound of evaluating ``cost`` on them (a
+    write's CEL by default); _Budget when over :data:`REQUEST_BUDGET`, ReadError for an
+    object the runtime cannot get."""
+    projection = Projection(len(plan.slots), REQUEST_BUDGET, (WALK, CONVERT, CHAR))
     try:
-        cut = {
-            root: analysis.plan.project(root, value, projection) for root, value in objects.items()
-        }
-        extra = [analysis.plan.project("object", value, projection) for value in as_object]
+        cut = {root: plan.project(root, value, projection) for root, value in objects.items()}
+        extra = [plan.project("object", value, projection) for value in as_object]
     except OverBudget as exc:
         raise _Budget(exc.spent) from None
-    bound = projection_bound(projection, cost)
+    bound = projection_bound(projection, analysis.write if cost is None else cost)
     if bound > REQUEST_BUDGET:
         raise _Budget(bound)
     return cut, extra
@@ -68,19 +71,44 @@ def validate(
     scoped: tuple[str, ...],
 ) -> Outcome | None:
     """Evaluate ``rules`` on one write (see :func:`gatekeeper.policy.cel.run_validations`)."""
+    objects = {"object": obj, "oldObject": old}
+    together = analysis.together if not scoped else None
     try:
+        if together is not None and analysis.flat is not None:
+            held = _flat_hold(analysis, analysis.flat, objects, request, builtins)
+            if held:
+                return None
+            if held is not None:
+                together = None  # they do not all hold: one by one
         stored = [old] if "oldObject" in scoped else []
-        cut, extra = _projected(analysis, {"object": obj, "oldObject": old}, stored, analysis.write)
+        cut, extra = _projected(analysis, analysis.plan, objects, stored)
     except _Budget as exc:
         return _over_budget(exc.bound)
     except ReadError as exc:
         return Outcome("object", 403, f"object could not be evaluated: {exc}", error=str(exc))
     obj, old = cut["object"], cut["oldObject"]
-    if not scoped and analysis.together is not None:
+    if together is not None:
         data = bindings(analysis.names, obj, old, request, builtins)
-        if _true(analysis.together, activation(data)):
+        if _true(together, activation(data)):
             return None
     return _one_by_one(analysis, rules, obj, old, extra, request, builtins, scoped)
+
+
+def _flat_hold(
+    analysis: Analysis,
+    flat: Flat,
+    objects: Mapping[str, Any],
+    request: Mapping[str, Any],
+    builtins: Mapping[str, Any],
+) -> bool | None:
+    """Whether the validations all hold, on the objects cut with their lists flattened; None
+    when an object does not fit (it is then cut as usual)."""
+    try:
+        cut, _ = _projected(analysis, flat.plan, objects, ())
+    except NotFlat:
+        return None
+    data = bindings(analysis.names, cut["object"], cut["oldObject"], request, builtins)
+    return _true(flat.together, activation(data))
 
 
 def _one_by_one(
@@ -135,7 +163,7 @@ def holds_scope(
     """Whether the scope holds for ``obj`` (a read); False when it cannot be evaluated."""
     assert rules.scope is not None
     try:
-        cut, _ = _projected(analysis, {"object": obj}, (), analysis.read)
+        cut, _ = _projected(analysis, analysis.plan, {"object": obj}, (), analysis.read)
         bound = _Bindings(analysis, rules, cut["object"], None, request, builtins)
         return _true(rules.scope, bound.activation(rules.scope))
     except (_Budget, ReadError):
