@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from gatekeeper.policy.cel import (
-    BUILT_IN_VARIABLES,
+    BUILT_INS,
     MAX_EXPRESSIONS,
     CelError,
     CelRules,
@@ -18,8 +18,8 @@ from gatekeeper.policy.cel import (
     Validation,
     Variable,
     compile_program,
+    signature,
 )
-from gatekeeper.policy.cel._env import BUILT_INS, signature
 from gatekeeper.policy.draft import Located
 
 __all__ = ["KIND_CEL_KEYS", "read_kind_cel", "read_version_cel"]
@@ -77,9 +77,7 @@ def _read(
     for loc in _entries(variables):
         name = loc.value["name"]
         if name in reader.declared:
-            loc.fail(
-                f"{name!r} is defined already (built in: {', '.join(BUILT_IN_VARIABLES)})", "name"
-            )
+            loc.fail(f"{name!r} is defined already (built in: {', '.join(BUILT_INS)})", "name")
         program = reader.compile(loc.at("expression"), "any")
         read_variables.append(Variable(name, program))
         reader.declared[name] = signature(program.result)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from gatekeeper.codec.jsonpath import FieldPath
 from gatekeeper.policy._celtext import unchanged_but
-from gatekeeper.policy.cel import CelRules, Program
-from gatekeeper.policy.cel._rewrite import rewrite
+from gatekeeper.policy.cel import CelRules, Program, rewrite
 from gatekeeper.policy.model import (
     ANY_DRIVER,
     Changeable,

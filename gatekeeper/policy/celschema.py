@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gatekeeper.policy.cel import CelRules
-from gatekeeper.policy.cel._reads import EACH, Path
+from gatekeeper.policy.cel import EACH, CelRules, Path
 from gatekeeper.policy.model import KindSpec, Policy
 
 __all__ = ["field_warnings", "schema_path", "schema_targets"]

@@ -12,59 +12,29 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ConfigError
-from gatekeeper.policy import Engine
 from gatekeeper.policy.cel import COST_LIMIT, REQUEST_BUDGET, CelRules, Validation, compile_program
 from gatekeeper.policy.cel._env import BUILT_INS
 from gatekeeper.policyfile import parse_policy
-from gatekeeper.request.requestinfo import parse_request
-from gatekeeper.testing.harness import decide_offline
-from gatekeeper.types import Identity
+from tests.policy.test_cel import POLICY, slice_v1
+from tests.policy.test_cel import create as create_slice
 
-GPU = Identity("gpu.example.com", "unix")
 DEVICES = "|object.spec.devices|"
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-POLICY = """\
-apiVersion: dra-gatekeeper.io/v1alpha1
-kind: Policy
-drivers: [gpu.example.com]
-kinds:
-  - group: resource.k8s.io
-    resource: resourceslices
-    kind: ResourceSlice
-    scope: Cluster
-    rule: NodeLocal
-    verbs: [create]
-    validations:
-{validations}    versions:
-      - names: [v1]
-        driver: spec.driver
-        node: spec.nodeName
-        pool: spec.pool.name
-"""
 
 
 def policy(*expressions: str) -> Any:
+    """The policy of test_cel.py, each of ``expressions`` a validation of its kind."""
     validations = "".join(
         f"      - name: v{index}\n        expression: >-\n{textwrap.indent(e, ' ' * 10)}\n"
         for index, e in enumerate(expressions)
     )
-    return parse_policy(POLICY.format(validations=validations), "p.yaml")
+    text = POLICY.format(kind_keys="    validations:\n" + validations, version_keys="")
+    return parse_policy(text, "p.yaml")
 
 
 def create(loaded: Any, **spec: Any) -> Any:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "s1"},
-        "spec": {
-            "driver": GPU.driver,
-            "nodeName": "node-a",
-            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-            **spec,
-        },
-    }
-    return decide_offline(Engine(loaded, "node-a"), GPU, parse_request("POST", SLICES), body)
+    """A create of a slice of ``spec`` (test_cel.py's slice, pool ``node-a``)."""
+    pool = spec.pop("pool", {"name": "node-a"})["name"]
+    return create_slice(loaded, slice_v1(pool=pool, **spec))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from gatekeeper.policy.cel._ast import NodeKind, read_checked
 from gatekeeper.policy.cel._env import BUILT_INS
 from gatekeeper.policy.cel._rewrite import references, rewrite
 from gatekeeper.policyfile import parse_policy
+from tests.policy.test_cel import POLICY
 
 VARIABLES = {**BUILT_INS, "x": "string", "y": "dyn"}
 
@@ -118,18 +119,7 @@ def test_an_inlined_variable_a_comprehension_would_capture_is_not_exported() -> 
     """Inlining ``variables.v`` (which reads ``object``) inside ``.all(object, …)`` would bind
     it to the comprehension's own variable: that validation is left out of the export, named,
     instead of exported wrong."""
-    policy = parse_policy(
-        """\
-apiVersion: dra-gatekeeper.io/v1alpha1
-kind: Policy
-drivers: [gpu.example.com]
-kinds:
-  - group: resource.k8s.io
-    resource: resourceslices
-    kind: ResourceSlice
-    scope: Cluster
-    rule: NodeLocal
-    verbs: [create]
+    keys = """\
     variables:
       - name: v
         expression: "object == null ? '' : object.spec.pool.name"
@@ -138,17 +128,11 @@ kinds:
         expression: "[1].all(object, variables.v != '')"
       - name: fine
         expression: "variables.v != '' // object.spec is not read here\\n"
-    versions:
-      - names: [v1]
-        driver: spec.driver
-        node: spec.nodeName
-        pool: spec.pool.name
-""",
-        "p.yaml",
-    )
+"""
+    policy = parse_policy(POLICY.format(kind_keys=keys, version_keys=""), "p.yaml")
     export = export_policy(policy)
     skipped = [item.where for item in export.not_exported]
-    assert skipped == ["resourceslices.resource.k8s.io v1 captured"]
+    assert skipped == ["resourceslices.resource.k8s.io v1beta2, v1 captured"]
     assert "comprehension variable" in export.not_exported[0].why
     fine = [e.expression for e in export.validations if "validation fine" in e.protects]
     assert fine and "(object == null ? '' : object.spec.pool.name) != ''" in fine[0]

@@ -11,30 +11,16 @@ import pytest
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.policyfile import load_policy, parse_policy
+from tests.policy.test_cel import POLICY
 
-HEAD = """\
-apiVersion: dra-gatekeeper.io/v1alpha1
-kind: Policy
-drivers: [gpu.example.com]
-kinds:
-  - group: resource.k8s.io
-    resource: resourceslices
-    kind: ResourceSlice
-    scope: Cluster
-    rule: NodeLocal
-    verbs: [create]
-"""
-VERSIONS = """\
-    versions:
-      - names: [v1]
-        driver: spec.driver
-        node: spec.nodeName
-        pool: spec.pool.name
-"""
+
+def text_of(keys: str) -> str:
+    """The policy of test_cel.py with ``keys`` (indented as a kind's) on its kind."""
+    return POLICY.format(kind_keys=keys, version_keys="")
 
 
 def load(keys: str) -> None:
-    parse_policy(HEAD + keys + VERSIONS, "p.yaml")
+    parse_policy(text_of(keys), "p.yaml")
 
 
 def position(text: str, marker: str) -> str:
@@ -119,7 +105,7 @@ def refused(keys: str) -> str:
 def test_a_type_error_is_a_load_error_at_its_place_in_the_file(
     keys: str, marker: str, message: str
 ) -> None:
-    text = HEAD + keys + VERSIONS
+    text = text_of(keys)
     error = refused(keys)
     assert error.startswith(f"p.yaml:{position(text, marker)}: kinds[0]."), error
     assert error.endswith(f"resourceslices.resource.k8s.io: {message}"), error
@@ -178,15 +164,17 @@ def test_a_policy_variable_is_declared_with_its_expressions_type() -> None:
 )
 def test_the_column_is_the_files_in_every_yaml_style(written: str, marker: str) -> None:
     keys = f"    validations:\n      - {written}"
-    text = HEAD + keys + VERSIONS
+    text = text_of(keys)
     error = refused(keys)
     assert error.startswith(f"p.yaml:{position(text, marker)}: "), (error, text)
 
 
 def test_an_included_files_expression_is_placed_in_that_file(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text(
-        HEAD + "    validations:\n      - name: bad\n        expression: >\n"
-        "          object.spec.pool.name == variables.driver + 6\n" + VERSIONS
+        text_of(
+            "    validations:\n      - name: bad\n        expression: >\n"
+            "          object.spec.pool.name == variables.driver + 6\n"
+        )
     )
     (tmp_path / "top.yaml").write_text(
         "apiVersion: dra-gatekeeper.io/v1alpha1\nkind: Policy\ninclude: [base.yaml]\n"

@@ -25,9 +25,9 @@ gives is capped.
 """
 
 from gatekeeper.policy.cel._analysis import ProgramError
+from gatekeeper.policy.cel._env import BUILT_INS, signature
 from gatekeeper.policy.cel._poly import COST_LIMIT, REQUEST_BUDGET
 from gatekeeper.policy.cel._program import (
-    BUILT_IN_VARIABLES,
     MAX_EXPRESSIONS,
     MAX_SOURCE,
     CelError,
@@ -41,12 +41,15 @@ from gatekeeper.policy.cel._program import (
     compile_program,
     evaluate,
 )
+from gatekeeper.policy.cel._reads import EACH, Path
+from gatekeeper.policy.cel._rewrite import rewrite
 from gatekeeper.policy.cel._rules import CelRules, cost_bound, in_scope, run_validations
 from gatekeeper.policy.cel._run import bindings
 
 __all__ = [
-    "BUILT_IN_VARIABLES",
+    "BUILT_INS",
     "COST_LIMIT",
+    "EACH",
     "MAX_EXPRESSIONS",
     "MAX_SOURCE",
     "REQUEST_BUDGET",
@@ -54,6 +57,7 @@ __all__ = [
     "CelRules",
     "EvaluationError",
     "Outcome",
+    "Path",
     "Program",
     "ProgramError",
     "StatusReason",
@@ -65,5 +69,7 @@ __all__ = [
     "cost_bound",
     "evaluate",
     "in_scope",
+    "rewrite",
     "run_validations",
+    "signature",
 ]

@@ -152,6 +152,22 @@ class Checked:
     def type_of(self, node: Node) -> CelType:
         return self.types.get(node.id, DYN)
 
+    def scoped(self) -> Iterator[tuple[Node, frozenset[str]]]:
+        """Every node, with the comprehension variables in scope where it is: an identifier
+        that is not one of them names a declaration."""
+        stack: list[tuple[Node, frozenset[str]]] = [(self.root, frozenset())]
+        while stack:
+            node, local = stack.pop()
+            yield node, local
+            if node.loop is not None:
+                loop = node.loop
+                inner = local | {loop.iter_var, loop.iter_var2, loop.accu_var}
+                stack += [(loop.iter_range, local), (loop.accu_init, local)]
+                stack += [(loop.loop_condition, inner), (loop.loop_step, inner)]
+                stack.append((loop.result, local | {loop.accu_var}))
+            else:
+                stack.extend((child, local) for child in node.children())
+
 
 def read_checked(serialized: bytes) -> Checked:
     """The ``CheckedExpr`` inside ``Expression.serialize()`` (or the ``ParsedExpr`` of one

@@ -263,21 +263,11 @@ def globals_of(checked: Checked) -> Iterator[tuple[Node, str]]:
     """Every identifier of ``checked`` that names a declaration rather than a comprehension's
     variable, with the declaration's name (``variables.node`` for the qualified name the checker
     resolved), in source order."""
-    stack: list[tuple[Node, frozenset[str]]] = [(checked.root, frozenset())]
-    found: list[tuple[int, Node, str]] = []
-    while stack:
-        node, local = stack.pop()
-        if node.kind is NodeKind.IDENT and node.name not in local:
-            name = checked.references.get(node.id, node.name)
-            found.append((checked.positions.get(node.id, 0), node, name))
-        if node.loop is not None:
-            loop = node.loop
-            inner = local | {loop.iter_var, loop.iter_var2, loop.accu_var}
-            stack += [(loop.iter_range, local), (loop.accu_init, local)]
-            stack += [(loop.loop_condition, inner), (loop.loop_step, inner)]
-            stack.append((loop.result, local | {loop.accu_var}))
-            continue
-        stack.extend((child, local) for child in node.children())
+    found = [
+        (checked.positions.get(node.id, 0), node, checked.references.get(node.id, node.name))
+        for node, local in checked.scoped()
+        if node.kind is NodeKind.IDENT and node.name not in local
+    ]
     yield from ((node, name) for _, node, name in sorted(found, key=lambda item: item[0]))
 
 

@@ -10,10 +10,9 @@ from typing import Any
 
 from gatekeeper.messages import capped
 from gatekeeper.policy.cel._ast import CelType, Checked
-from gatekeeper.policy.cel._env import BUILT_INS, CheckError, check, globals_of, runtime_env
+from gatekeeper.policy.cel._env import CheckError, check, globals_of, runtime_env
 
 __all__ = [
-    "BUILT_IN_VARIABLES",
     "MAX_EXPRESSIONS",
     "MAX_SOURCE",
     "CelError",
@@ -33,17 +32,6 @@ MAX_SOURCE = 5 * 1024
 """Characters of one expression."""
 MAX_EXPRESSIONS = 64
 """Expressions (variables, validations, scope) of one kind version, kind-level ones included."""
-
-BUILT_IN_VARIABLES: Mapping[str, str] = {
-    "node": "this node's name (a string)",
-    "driver": "the calling driver's name (a string)",
-    "namespace": "the namespace of the caller's ServiceAccount (a string, or null without one)",
-    "serviceAccount": "the name of the caller's ServiceAccount (a string, or null without one)",
-    "pod": "the name of the caller's pod, from its token (a string, or null when unknown)",
-    "podUID": "the UID of the caller's pod, from its token (a string, or null when unknown)",
-}
-"""``variables.<name>`` every expression may read, set by the gatekeeper per request."""
-assert BUILT_IN_VARIABLES.keys() == BUILT_INS.keys()
 
 
 class CelError(ValueError):

@@ -33,23 +33,13 @@ def references(program: Program) -> list[Reference] | None:
     placed in the source exactly (it is then not rewritten)."""
     checked, source = program.checked, program.source
     found: list[Reference] = []
-    stack: list[tuple[Node, frozenset[str]]] = [(checked.root, frozenset())]
-    while stack:
-        node, local = stack.pop()
+    for node, local in checked.scoped():
         if node.kind is NodeKind.IDENT and node.name not in local:
             name = checked.references.get(node.id, node.name)
             span = _span(source, name, checked.positions, node.id)
             if span is None:
                 return None
             found.append(Reference(name, span[0], span[1], local))
-        if node.loop is not None:
-            loop = node.loop
-            inner = local | {loop.iter_var, loop.iter_var2, loop.accu_var}
-            stack += [(loop.iter_range, local), (loop.accu_init, local)]
-            stack += [(loop.loop_condition, inner), (loop.loop_step, inner)]
-            stack.append((loop.result, local | {loop.accu_var}))
-            continue
-        stack.extend((child, local) for child in node.children())
     return sorted(found, key=lambda reference: reference.start)
 
 

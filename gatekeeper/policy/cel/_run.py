@@ -131,11 +131,11 @@ def _one_by_one(
             names[id(rules.scope)] = "scope"
             for root in scoped:
                 subject = obj if root == "object" else extra[0]
-                bindings = _Bindings(analysis, rules, subject, None, request, builtins)
+                bindings = _Bindings(analysis, subject, None, request, builtins)
                 current = rules.scope
                 if not _holds(rules.scope, bindings.activation(rules.scope)):
                     return Outcome("scope", 403, _scope_message(root, rules.scope))
-        bindings = _Bindings(analysis, rules, obj, old, request, builtins)
+        bindings = _Bindings(analysis, obj, old, request, builtins)
         together = analysis.together if scoped else None
         if together is not None and _true(together, bindings.activation(together)):
             return None
@@ -164,7 +164,7 @@ def holds_scope(
     assert rules.scope is not None
     try:
         cut, _ = _projected(analysis, analysis.plan, {"object": obj}, (), analysis.read)
-        bound = _Bindings(analysis, rules, cut["object"], None, request, builtins)
+        bound = _Bindings(analysis, cut["object"], None, request, builtins)
         return _true(rules.scope, bound.activation(rules.scope))
     except (_Budget, ReadError):
         return False
@@ -197,7 +197,6 @@ class _Bindings:
     def __init__(
         self,
         analysis: Analysis,
-        rules: _Rules,
         obj: Any,
         old: Any,
         request: Mapping[str, Any],
