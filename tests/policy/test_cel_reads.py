@@ -21,9 +21,9 @@ from gatekeeper.policy.cel import (
     compile_program,
     evaluate,
 )
-from gatekeeper.policy.cel._cut import NotFlat, ReadError, go_numbers
+from gatekeeper.policy.cel._cut import ReadError, go_numbers
 from gatekeeper.policy.cel._env import BUILT_INS
-from gatekeeper.policy.cel._run import _projected, _true, bindings
+from gatekeeper.policy.cel._run import _direct_hold, _projected, bindings
 
 EXPRESSIONS = [
     "object.spec.name",
@@ -169,7 +169,7 @@ def test_a_number_beyond_a_float64_is_refused() -> None:
         go_numbers({"a": [10**400]})
 
 
-FLAT = CelRules(
+DIRECT = CelRules(
     validations=tuple(
         Validation(f"v{index}", compile_program(source, source, variables=BUILT_INS))
         for index, source in enumerate(
@@ -177,10 +177,16 @@ FLAT = CelRules(
                 "object.spec.items.all(i, i.name.startsWith('n') || i.name == 1)",
                 "object.spec.items.size() < 4",
                 "object.spec.items.exists(item, item.name != '')",
+                "has(object.spec.a) ? object.spec.a != 'x' : true",
+                "object.spec.?b.orValue(1) != 2",
+                "object.metadata == null || object.metadata != oldObject.?metadata.orValue(1)",
+                "variables.node == 'n' && (oldObject == null || oldObject.spec != object.spec.b)",
             ]
         )
     )
 )
+"""Validations the fast path binds the values of: chains of selects, a list read through one
+field of its elements, ``has()``, an optional select, whole objects."""
 
 
 _ITEMS = st.lists(
@@ -193,26 +199,40 @@ _ITEMS = st.lists(
     ),
     max_size=5,
 )
+_NAMED = st.lists(
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["n1", "name", "", 1, 2**70])}, optional={"a": _JSON}
+    ),
+    max_size=4,
+)
+_FITTING = st.fixed_dictionaries(
+    {
+        "metadata": _JSON,
+        "spec": st.fixed_dictionaries({"items": _NAMED | _ITEMS, "a": _LEAVES, "b": _JSON}),
+    }
+)
 
 
-@given(st.fixed_dictionaries({"spec": st.fixed_dictionaries({"items": _ITEMS})}) | _OBJECTS)
-def test_lists_cut_to_one_field_give_what_the_whole_gives(obj: Any) -> None:
-    """A list read only through one field of its elements is cut to that field's values, and
-    the validations together read ``i`` for ``i.name``: all hold on that cut exactly when they
-    all hold on the whole object (an object it does not fit is cut as usual)."""
-    analysis = FLAT.analysis
-    assert analysis is not None and analysis.flat is not None
-    assert "i.name" not in analysis.flat.together.source
+@given(_FITTING | _OBJECTS, st.none() | _FITTING | _OBJECTS)
+def test_the_values_read_bound_on_their_own_give_what_the_whole_objects_give(
+    obj: Any, old: Any
+) -> None:
+    """The fast path binds each value the validations read on its own (``object.spec.items``
+    cut to its elements' names, the validations reading ``i`` for ``i.name``): they all hold
+    there exactly when they all hold on the whole objects (objects it does not fit, a path that
+    is not there, are cut as usual)."""
+    analysis = DIRECT.analysis
+    assert analysis is not None and analysis.direct is not None
+    together = analysis.direct.together.source
+    assert "i.name" not in together and "object." not in together, together
     try:
-        whole = go_numbers(obj)
+        whole = go_numbers(obj), go_numbers(old)
     except ReadError:
         return
-    holds = all(_outcome(v.program, {"object": whole}) == ("value", True) for v in FLAT.validations)
-    try:
-        with patch("gatekeeper.policy.cel._run.REQUEST_BUDGET", float("inf")):
-            cut, _ = _projected(
-                analysis, analysis.flat.plan, {"object": obj, "oldObject": None}, []
-            )
-    except NotFlat:
-        return
-    assert _true(analysis.flat.together, activation({"object": cut["object"]})) is holds
+    data = bindings(analysis.names, *whole, {}, {"node": "n"})
+    holds = all(_outcome(v.program, data) == ("value", True) for v in DIRECT.validations)
+    with patch("gatekeeper.policy.cel._run.REQUEST_BUDGET", float("inf")):
+        objects = {"object": obj, "oldObject": old}
+        held = _direct_hold(analysis, analysis.direct, objects, {}, {"node": "n"})
+    if held is not None:
+        assert held is holds

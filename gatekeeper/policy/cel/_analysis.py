@@ -12,10 +12,9 @@ from typing import Any
 
 from gatekeeper.messages import capped
 from gatekeeper.policy.cel._cost import describe, estimate
-from gatekeeper.policy.cel._cut import Projection, ReadPlan, read_plan
+from gatekeeper.policy.cel._cut import Bound, Chain, Projection, ReadPlan, read_plan
 from gatekeeper.policy.cel._env import BUILT_INS, OBJECT_ROOTS
 from gatekeeper.policy.cel._poly import (
-    CHAR,
     CONVERT,
     COST_LIMIT,
     EVALUATION,
@@ -30,15 +29,14 @@ from gatekeeper.policy.cel._poly import (
     worst,
 )
 from gatekeeper.policy.cel._program import CelError, Program, Validation, Variable, compile_program
-from gatekeeper.policy.cel._reads import Path, Reads
+from gatekeeper.policy.cel._reads import Flattenable, Path, Reads, chains
 from gatekeeper.policy.cel._rewrite import rewrite
 
 __all__ = [
     "Analysis",
-    "Flat",
+    "Direct",
     "ProgramError",
     "analyze",
-    "projection_bound",
     "request_bound",
 ]
 
@@ -54,15 +52,22 @@ class ProgramError(CelError):
 
 
 @dataclass(frozen=True, slots=True)
-class Flat:
-    """The validations together on objects whose lists read through one field of their
-    elements are cut to that field's values (``devices`` to the devices' names), with
-    ``d.name`` written ``d``: a write of the usual case converts a list of strings, not a list
-    of mappings. Used first; when an object does not fit, or the validations do not all hold,
-    the objects are cut as usual."""
+class Direct:
+    """The validations together, each value they read of the objects bound on its own: the
+    chain ``object.spec.pool.name`` read as one name bound to that string, a list read only
+    through one field of its elements (``devices`` in ``devices.all(d, d.name…)``) bound to
+    that field's values, with ``d`` for ``d.name``. A write of the usual case converts those
+    values alone, no mapping around them, and evaluates no select. Used first; when a path is
+    not there, a list does not fit, or the validations do not all hold, the objects are cut as
+    usual."""
 
-    plan: ReadPlan
     together: Program
+    values: tuple[tuple[str, str, Chain], ...]
+    """Each name bound, the root its value is at, and how that value is cut."""
+    request: tuple[tuple[str, tuple[str, ...]], ...]
+    """The fields of ``request`` it reads: each declaration, and its steps in the request."""
+    builtins: tuple[tuple[str, str], ...]
+    """The built-in variables it reads: each declaration, and the variable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +77,9 @@ class Analysis:
     plan: ReadPlan
     costs: Mapping[int, Poly]
     """Per program (by ``id``): one evaluation, its runtime call included."""
-    write: Poly
+    write: Bound
     """Every expression a write may evaluate (the scope twice: object and stored object)."""
-    read: Poly
+    read: Bound
     """A read's scope and the variables it needs."""
     names: frozenset[str]
     """Every declaration an expression reads: the bindings to make."""
@@ -89,7 +94,7 @@ class Analysis:
     paths: Mapping[int, frozenset[Path]] = field(default_factory=dict)
     """Per program: the paths of ``object`` and ``oldObject`` it reads (through its variables
     too)."""
-    flat: Flat | None = None
+    direct: Direct | None = None
     reads_request: bool = False
     """Whether an expression reads ``request`` (it is then made for the write)."""
     reads_stored: bool = False
@@ -157,33 +162,84 @@ def analyze(
     programs = (*(v.program for v in variables), *others)
     needs = {id(p): needed(p) for p in programs}
     paths = {id(p): frozenset().union(*reads.values[id(p.checked)].values()) for p in programs}
-    flat = None
-    flattenable = reads.flattenable([p.checked for p in programs], measured)
-    if together is not None and flattenable.fields:
-        flat_together = _together(variables, validations, needed, flattenable.collapse)
-        if flat_together is not None:
-            flat = Flat(read_plan(reads, whole, measured, flattenable.fields), flat_together)
+    direct = None
+    if together is not None:
+        flattenable = reads.flattenable([p.checked for p in programs], measured)
+        plan_flat = read_plan(reads, whole, measured, flattenable.fields)
+        direct = _direct(variables, validations, needed, plan_flat, flattenable)
     reads_request = any(name.startswith("request.") for name in names)
     reads_stored = any(
         program.reads_stored or any(v.program.reads_stored for v in needed(program))
         for program in others
     )
+    slots = len(plan.slots)
     return Analysis(
-        plan, costs, every + read, read, names, worst_costs, together, needs, paths, flat,
-        reads_request, reads_stored,
+        plan, costs, Bound(every + read, slots), Bound(read, slots), names, worst_costs,
+        together, needs, paths, direct, reads_request, reads_stored,
     )  # fmt: skip
+
+
+def _direct(
+    variables: tuple[Variable, ...],
+    validations: tuple[Validation, ...],
+    needed: _Needed,
+    plan: ReadPlan,
+    flattenable: Flattenable,
+) -> Direct | None:
+    """The validations together on the values they read bound on their own; None when a
+    value cannot be cut on its own (a value above it is kept whole) or its name could be
+    hidden by a comprehension's variable."""
+    wanted = {v.name for validation in validations for v in needed(validation.program)}
+    programs = [v.program for v in variables if v.name in wanted]
+    programs += [validation.program for validation in validations]
+    names: dict[Path, str] = {}
+    selects: dict[int, dict[int, str]] = {}
+    for program in programs:
+        if any(name.startswith(_VALUE) for name in _locals(program)):
+            return None
+        edits = dict(flattenable.collapse.get(id(program.checked), {}))
+        for node_id, path in chains(program.checked).items():
+            edits[node_id] = names.setdefault(path, f"{_VALUE}{len(names)}")
+        selects[id(program.checked)] = edits
+    values = []
+    for (root, steps), name in names.items():
+        chain = plan.chain(root, steps)
+        if chain is None:
+            return None
+        values.append((name, root, chain))
+    together = _together(variables, validations, needed, selects, tuple(names.values()))
+    if together is None:
+        return None
+    request = tuple(
+        (name, tuple(name.split(".")[1:])) for name in together.names if name.startswith("request.")
+    )
+    builtins = tuple((name, name[10:]) for name in together.names if name.startswith("variables."))
+    return Direct(together, tuple(values), request, builtins)
+
+
+_VALUE = "__value_"
+"""The names of the values :class:`Direct` binds: ``__value_0``, …"""
+
+
+def _locals(program: Program) -> Iterable[str]:
+    """The comprehensions' variables of ``program`` (``cel.bind``'s too)."""
+    for node in program.checked.root.walk():
+        if node.loop is not None:
+            yield from (node.loop.iter_var, node.loop.iter_var2, node.loop.accu_var)
 
 
 def _together(
     variables: tuple[Variable, ...],
     validations: tuple[Validation, ...],
     needed: _Needed,
-    collapse: Mapping[int, frozenset[int]],
+    selects: Mapping[int, Mapping[int, str]],
+    values: tuple[str, ...] = (),
 ) -> Program | None:
     """The validations as one expression, their variables bound with ``cel.bind`` in the order
-    they are defined (a later one may read an earlier one), and the selects of ``collapse``
-    (per Checked) written as their loop's variable; None when a variable cannot be renamed
-    where it is read, or there is nothing to put together."""
+    they are defined (a later one may read an earlier one), and the selects of ``selects``
+    (per Checked) written as the name given (declared among ``values`` when not a loop's
+    variable); None when a variable cannot be renamed where it is read, or there is nothing to
+    put together."""
     if not validations:
         return None
     wanted = {v.name for validation in validations for v in needed(validation.program)}
@@ -194,19 +250,19 @@ def _together(
 
     parts = []
     for validation in validations:
-        part = rewrite(validation.program, rename, collapse.get(id(validation.program.checked)))
+        part = rewrite(validation.program, rename, selects.get(id(validation.program.checked)))
         if part is None:
             return None
         parts.append(f"(\n{part}\n)")
     source = " && ".join(parts)
     for variable in reversed([v for v in variables if v.name in wanted]):
-        value = rewrite(variable.program, rename, collapse.get(id(variable.program.checked)))
+        value = rewrite(variable.program, rename, selects.get(id(variable.program.checked)))
         if value is None:
             return None
         source = f"cel.bind({local[f'variables.{variable.name}']}, (\n{value}\n), {source})"
     try:
         return compile_program(
-            source, "validations", variables=BUILT_INS, result="bool", limit=None
+            source, "validations", variables=BUILT_INS, result="bool", limit=None, values=values
         )
     except CelError:
         return None
@@ -245,15 +301,9 @@ def _too_costly(cost: float, program: Program, reads: Reads, costs: Mapping[int,
     )
 
 
-def projection_bound(projection: Projection, cost: Poly) -> float:
-    """What cutting the objects cost, and ``cost`` at their sizes."""
-    sizes, sums = projection.sizes, projection.sums
-    return projection.spent + cost.value(lambda s: sums[s - SUM] if s >= SUM else sizes[s])
-
-
 def request_bound(analysis: Analysis, objects: Mapping[str, Any]) -> float:
     """The bound :func:`validate` compares with the budget, for ``objects``."""
-    projection = Projection(len(analysis.plan.slots), float("inf"), (WALK, CONVERT, CHAR))
+    projection = Projection(len(analysis.plan.slots), float("inf"))
     for root, value in objects.items():
         analysis.plan.project(root, value, projection)
-    return projection_bound(projection, analysis.write)
+    return analysis.write.of(projection)

@@ -14,20 +14,24 @@ the body.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gatekeeper.policy.cel._poly import CHAR, CONVERT, SUM, WALK, Poly
 from gatekeeper.policy.cel._reads import Path, Read, Reads
 
 __all__ = [
-    "NotFlat",
+    "Bound",
+    "Chain",
     "OverBudget",
     "Projection",
     "ReadError",
     "ReadPlan",
+    "Unfit",
     "go_numbers",
     "read_plan",
 ]
@@ -185,7 +189,7 @@ def read_plan(
 ) -> ReadPlan:
     """The projection of each root, fixed (the reads are complete): the paths of ``whole``
     kept whole (their bytes are needed), the sizes of ``measured`` recorded; the lists of
-    ``flat`` cut to their elements' one field (:class:`NotFlat` when one cannot be)."""
+    ``flat`` cut to their elements' one field (:class:`Unfit` when one cannot be)."""
     plans = {root: _plan(node, whole, root, (), flat or {}) for root, node in reads.roots.items()}
     return ReadPlan(plans, reads.paths, measured)
 
@@ -196,14 +200,28 @@ class ReadPlan:
     entries), ``2s + 1`` its JSON bytes; only the slots a cost reads (``measured``) are
     recorded."""
 
-    __slots__ = ("_cutters", "_plans", "slots")
+    __slots__ = ("_cutters", "_measured", "_plans", "slots")
 
     def __init__(
         self, roots: Mapping[str, _Plan], slots: tuple[str, ...], measured: frozenset[int]
     ) -> None:
         self.slots = slots
         self._plans = dict(roots)
+        self._measured = measured
         self._cutters = {root: _cutter(plan, measured) for root, plan in roots.items()}
+
+    def chain(self, root: str, steps: tuple[str, ...]) -> Chain | None:
+        """How the value at ``steps`` of ``root`` is cut on its own, as it is cut inside the
+        whole cut object; None when a step is not one of the fields the plan cuts a mapping to
+        (a value above it is kept whole)."""
+        plan = self._plans.get(root)
+        walked: list[tuple[str, tuple[int, ...]]] = []
+        for step in steps:
+            if plan is None or plan.how != _FIELDS or step not in plan.fields:
+                return None
+            walked.append((step, tuple(slot for slot in plan.slots if slot in self._measured)))
+            plan = plan.fields[step]
+        return None if plan is None else Chain(tuple(walked), _cutter(plan, self._measured))
 
     @property
     def walked(self) -> frozenset[int]:
@@ -233,29 +251,28 @@ class Projection:
     cut cost (mappings and elements walked, bytes and characters to convert);
     :class:`OverBudget` once that passes ``limit`` units."""
 
-    __slots__ = ("chars", "converted", "costs", "limit", "sizes", "sums", "walked")
+    __slots__ = ("chars", "converted", "limit", "sizes", "walked")
 
-    def __init__(self, slots: int, limit: float, costs: tuple[float, float, float]) -> None:
-        self.sizes = [0] * (2 * slots)
-        """Each size's largest value."""
-        self.sums = [0] * (2 * slots)
-        """Each size's values added up (its instances under a list are disjoint)."""
+    def __init__(self, slots: int, limit: float) -> None:
+        self.sizes = [0] * (4 * slots)
+        """Each size's largest value (``2 * slot`` and ``2 * slot + 1``), then each size's
+        values added up (its instances under a list are disjoint)."""
         self.walked = self.converted = self.chars = 0
         self.limit = limit
-        self.costs = costs
-        """Units per value walked, per byte of a mapping or list, per character of a string."""
 
     @property
     def spent(self) -> float:
-        walk, convert, char = self.costs
-        return self.walked * walk + self.converted * convert + self.chars * char
+        """Units of the cut: per mapping or list walked, per byte of a mapping or list kept
+        whole (converted), per character of a string."""
+        return self.walked * WALK + self.converted * CONVERT + self.chars * CHAR
 
     def record(self, slots: tuple[int, ...], count: int, size: int) -> None:
-        sizes, sums = self.sizes, self.sums
+        sizes = self.sizes
+        sums = len(sizes) // 2
         for slot in slots:
             at = 2 * slot
-            sums[at] += count
-            sums[at + 1] += size
+            sizes[sums + at] += count
+            sizes[sums + at + 1] += size
             if count > sizes[at]:
                 sizes[at] = count
             if size > sizes[at + 1]:
@@ -266,8 +283,57 @@ class Projection:
             raise OverBudget(self.spent)
 
 
+class Bound:
+    """A cost (:class:`~gatekeeper.policy.cel._poly.Poly`) made ready to evaluate on a
+    projection's sizes, the cut's own cost added."""
+
+    __slots__ = ("constant", "terms")
+
+    def __init__(self, cost: Poly, slots: int) -> None:
+        self.constant = sum(c for term, c in cost.terms.items() if not term)
+        self.terms = tuple(
+            (c, tuple(2 * slots + s - SUM if s >= SUM else s for s in term))
+            for term, c in cost.terms.items()
+            if term
+        )
+
+    def of(self, projection: Projection) -> float:
+        total = self.constant + projection.spent
+        sizes = projection.sizes
+        for product, indices in self.terms:
+            for index in indices:
+                product *= sizes[index]
+            total += product
+        return total
+
+
 _Cutter = Callable[[Any, Projection], Any]
 _PLAIN = (bool, float, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The value at one path cut on its own (:meth:`ReadPlan.chain`): the mappings on the way
+    are walked and measured as the whole cut walks them, the value cut as it cuts it."""
+
+    steps: tuple[tuple[str, tuple[int, ...]], ...]
+    """Each step, and the slots of the mapping it is taken from that a cost reads."""
+    cutter: _Cutter
+
+    def cut(self, value: Any, projection: Projection) -> Any:
+        """The cut value at the path of ``value`` (a root); :class:`Unfit` when a step is not
+        there, or not in a mapping (reading it is an error, or a value the cut keeps whole)."""
+        if value is None and not self.steps:
+            return None
+        try:  # a step only a mapping has: any other value fails it (a string, a list)
+            for step, track in self.steps:
+                if track:
+                    projection.record(track, len(value), 0)
+                value = value[step]
+        except (KeyError, TypeError):
+            raise Unfit from None
+        projection.walked += len(self.steps)
+        return self.cutter(value, projection)
 
 
 def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
@@ -305,20 +371,21 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
         return _selector(plan, track, whole, measured)
     if plan.how == _FLAT:
         ((key, _),) = plan.fields.items()
+        field = operator.itemgetter(key)
 
         def flatten(value: Any, projection: Projection) -> Any:
+            # (Its cost is compared with the budget once every value is cut.)
+            if type(value) is not list:
+                raise Unfit
             try:  # an element not a mapping (a string, a list) or without the field: no
-                cut = [item[key] for item in value] if type(value) is list else None
+                cut = list(map(field, value))
                 size = len(orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER))
             except (KeyError, TypeError):  # TypeError too: an integer past 53 bits
-                cut = None
-            if cut is None:  # (each element was a mapping: any other fails item[key])
-                raise NotFlat
+                raise Unfit from None  # (each element was a mapping: any other fails)
             projection.walked += 1 + len(value) // 8  # one comprehension, in C mostly
             projection.converted += size
             if track:
                 projection.record(track, len(value), 0)
-            projection.check()
             return cut
 
         return flatten
@@ -360,8 +427,9 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
     return whole
 
 
-class NotFlat(Exception):
-    """A list that cannot be cut to its elements' one field: the objects are cut as usual."""
+class Unfit(Exception):
+    """An object the fast path's cut does not fit (a list that cannot be cut to its elements'
+    one field, a path read that is not there): the objects are cut as usual."""
 
 
 class OverBudget(Exception):

@@ -161,22 +161,27 @@ def _split_params(text: str) -> list[str]:
     return parts
 
 
-def declarations(variables: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """Every name an expression may read: the objects, ``request``'s fields and
-    ``variables.<name>`` for each of ``variables`` (name → type signature)."""
-    names = {root: "dyn" for root in OBJECT_ROOTS}
+def declarations(
+    variables: Mapping[str, str], values: tuple[str, ...] = ()
+) -> tuple[tuple[str, str], ...]:
+    """Every name an expression may read: the objects, ``request``'s fields,
+    ``variables.<name>`` for each of ``variables`` (name → type signature), and ``values``:
+    names of values of the objects bound on their own (``dyn``)."""
+    names = {root: "dyn" for root in (*OBJECT_ROOTS, *values)}
     names.update((f"request.{field}", kind) for field, kind in REQUEST_FIELDS.items())
     names.update((f"variables.{name}", kind) for name, kind in variables.items())
     return tuple(sorted(names.items()))
 
 
-def check(source: str, variables: Mapping[str, str]) -> tuple[Any, Checked]:
+def check(
+    source: str, variables: Mapping[str, str], values: tuple[str, ...] = ()
+) -> tuple[Any, Checked]:
     """``source`` parsed and type-checked with ``variables`` (``variables.<name>`` → type
-    signature): the expression moved into the runtime, and its checked tree. CheckError
-    naming the problem and where."""
+    signature) and ``values`` (:func:`declarations`): the expression moved into the runtime,
+    and its checked tree. CheckError naming the problem and where."""
     parsed = _compile(runtime_env(), source, parse_only=True)
     _check_names(source, read_checked(parsed.serialize()), variables)
-    compiled = _compile(_checking_env(declarations(variables)), source, parse_only=False)
+    compiled = _compile(_checking_env(declarations(variables, values)), source, parse_only=False)
     serialized = compiled.serialize()
     return runtime_env().deserialize(serialized), read_checked(serialized)
 

@@ -134,9 +134,11 @@ def compile_program(
     variables: Mapping[str, str],
     result: str = "bool",
     limit: int | None = MAX_SOURCE,
+    values: tuple[str, ...] = (),
 ) -> Program:
-    """Compile ``source`` against the objects, ``request`` and ``variables`` (name → type
-    signature: the built-ins and those defined before it); CelError naming the problem (syntax,
+    """Compile ``source`` against the objects, ``request``, ``variables`` (name → type
+    signature: the built-ins and those defined before it) and ``values`` (values of the objects
+    bound on their own, ``dyn``); CelError naming the problem (syntax,
     type, an unknown variable or field, a result that is not ``result``: ``bool``, ``string``
     or ``any``) and where in the source it is."""
     if not isinstance(source, str) or not source.strip():
@@ -144,7 +146,7 @@ def compile_program(
     if limit is not None and len(source) > limit:
         raise CelError(f"is {len(source)} characters long (at most {limit})")
     try:
-        compiled, checked = check(source, variables)
+        compiled, checked = check(source, variables, values)
     except CheckError as exc:
         raise CelError(str(exc), exc.offset) from None
     returned = checked.type_of(checked.root)

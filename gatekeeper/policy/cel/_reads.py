@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from gatekeeper.policy.cel._ast import Checked, Node, NodeKind
 from gatekeeper.policy.cel._env import OBJECT_ROOTS
 
-__all__ = ["EACH", "Flattenable", "Path", "Read", "Reads"]
+__all__ = ["EACH", "Flattenable", "Path", "Read", "Reads", "chains"]
 
 EACH = "*"
 """A step to every element of a list, or every value of a map."""
@@ -111,14 +111,14 @@ class Reads:
         found: dict[Path, str] = {}
         for root, node in self._roots.items():
             _candidates(root, (), node, measured, found)
-        selects: dict[Path, list[tuple[int, int]]] = {path: [] for path in found}
+        selects: dict[Path, list[tuple[int, int, str]]] = {path: [] for path in found}
         for tree in trees:
             _verify(tree, self.values.get(id(tree), {}), found, selects)
-        collapse: dict[int, set[int]] = {}
+        collapse: dict[int, dict[int, str]] = {}
         for path in found:
-            for tree_id, node_id in selects[path]:
-                collapse.setdefault(tree_id, set()).add(node_id)
-        return Flattenable(found, {key: frozenset(ids) for key, ids in collapse.items()})
+            for tree_id, node_id, name in selects[path]:
+                collapse.setdefault(tree_id, {})[node_id] = name
+        return Flattenable(found, collapse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +127,29 @@ class Flattenable:
 
     fields: Mapping[Path, str]
     """Each list's path, and the field its elements are read through."""
-    collapse: Mapping[int, frozenset[int]]
-    """Per expression (``id`` of its Checked): the selects ``x.field`` to write as ``x``."""
+    collapse: Mapping[int, Mapping[int, str]]
+    """Per expression (``id`` of its Checked): the selects ``x.field`` to write as ``x`` (node
+    id → ``x``)."""
+
+
+def chains(tree: Checked) -> dict[int, Path]:
+    """The chains of selects from ``object`` or ``oldObject`` in ``tree`` (``object``,
+    ``object.spec.pool.name``; not ``has()``'s select), by the id of their last node: the path
+    each reads."""
+    parents = {child.id: node for node in tree.root.walk() for child in node.children()}
+    found: dict[int, Path] = {}
+    for node, local in tree.scoped():
+        if node.kind is not NodeKind.IDENT or node.name not in OBJECT_ROOTS or node.name in local:
+            continue
+        steps: list[str] = []
+        top = node
+        while (parent := parents.get(top.id)) is not None and (
+            parent.kind is NodeKind.SELECT and not parent.test_only and parent.operand is top
+        ):
+            steps.append(parent.name)
+            top = parent
+        found[top.id] = (node.name, tuple(steps))
+    return found
 
 
 def _candidates(
@@ -153,7 +174,7 @@ def _verify(
     tree: Checked,
     values: Mapping[int, frozenset[Path]],
     found: dict[Path, str],
-    selects: dict[Path, list[tuple[int, int]]],
+    selects: dict[Path, list[tuple[int, int, str]]],
 ) -> None:
     """Drop from ``found`` a list whose elements ``tree`` reads otherwise than through the
     field, as the variable of a loop over that list alone; record the selects of the field."""
@@ -174,7 +195,7 @@ def _verify(
                 and select.name == name
                 and not select.test_only
             ):
-                selects[(root, steps)].append((id(tree), select.id))
+                selects[(root, steps)].append((id(tree), select.id, node.name))
             else:
                 del found[(root, steps)]
         if node.loop is not None:

@@ -78,11 +78,12 @@ def _skip_blank(source: str, at: int) -> int:
 
 
 def rewrite(
-    program: Program, replace: Replacement, collapse: frozenset[int] | None = None
+    program: Program, replace: Replacement, selects: Mapping[int, str] | None = None
 ) -> str | None:
     """``program``'s source with each declaration ``replace`` gives a new text for replaced,
-    and each select of ``collapse`` (node ids of ``x.f``, ``x`` a comprehension's variable)
-    written as its operand alone; None when a replacement would land where a comprehension
+    and each select of ``selects`` (node id → text) written as that text, from the identifier
+    its chain of selects starts at to its field (``d.name`` as ``d``, ``object.spec.pool`` as
+    a name bound to that value); None when a replacement would land where a comprehension
     variable of the same name as one it reads hides it, or a name cannot be placed."""
     found = references(program)
     if found is None:
@@ -96,12 +97,12 @@ def rewrite(
         if reads & reference.local:
             return None
         edits.append((reference.start, reference.end, text))
-    for node in program.checked.root.walk() if collapse is not None else ():
-        if collapse is not None and node.id in collapse:
-            span = _collapsed(program, node)
+    for node in program.checked.root.walk() if selects else ():
+        if selects is not None and node.id in selects:
+            span = _chain(program, node)
             if span is None:
                 return None
-            edits.append(span)
+            edits.append((*span, selects[node.id]))
     out, at = [], 0
     for start, end, text in sorted(edits):
         if start < at:
@@ -112,15 +113,22 @@ def rewrite(
     return "".join(out)
 
 
-def _collapsed(program: Program, select: Node) -> tuple[int, int, str] | None:
-    """The span of ``x.f`` and ``x``: the select's dot is placed, its operand before it."""
-    operand, positions, source = select.operand, program.checked.positions, program.source
-    if operand is None or operand.kind is not NodeKind.IDENT:
+def _chain(program: Program, select: Node) -> tuple[int, int] | None:
+    """The span of a chain of selects ``x.f.g`` (up to ``select``; or of the identifier
+    ``x`` alone): each select is placed at its dot, the identifier where its name is written."""
+    positions, source = program.checked.positions, program.source
+    root = select
+    while root.kind is NodeKind.SELECT and root.operand is not None:
+        root = root.operand
+    start = positions.get(root.id)
+    if root.kind is not NodeKind.IDENT or start is None or not source.startswith(root.name, start):
         return None
-    start, dot = positions.get(operand.id), positions.get(select.id)
-    if start is None or dot is None or not source.startswith(operand.name, start):
+    if root is select:
+        return start, start + len(root.name)
+    dot = positions.get(select.id)
+    if dot is None:
         return None
     at = _skip_blank(source, dot + 1)
     if source[dot : dot + 1] != "." or not source.startswith(select.name, at):
         return None
-    return start, at + len(select.name), operand.name
+    return start, at + len(select.name)

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from gatekeeper.messages import capped
-from gatekeeper.policy.cel._analysis import Analysis, Flat, projection_bound
-from gatekeeper.policy.cel._cut import NotFlat, OverBudget, Projection, ReadError, ReadPlan
-from gatekeeper.policy.cel._poly import CHAR, CONVERT, REQUEST_BUDGET, UNITS, WALK, Poly
+from gatekeeper.policy.cel._analysis import Analysis, Direct
+from gatekeeper.policy.cel._cut import Bound, OverBudget, Projection, ReadError, ReadPlan, Unfit
+from gatekeeper.policy.cel._poly import REQUEST_BUDGET, UNITS
 from gatekeeper.policy.cel._program import (
     EvaluationError,
     Outcome,
@@ -36,18 +36,18 @@ def _projected(
     plan: ReadPlan,
     objects: Mapping[str, Any],
     as_object: Iterable[Any],
-    cost: Poly | None = None,
+    cost: Bound | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """The objects cut as ``plan`` says, and the cost bound of evaluating ``cost`` on them (a
     write's CEL by default); _Budget when over :data:`REQUEST_BUDGET`, ReadError for an
     object the runtime cannot get."""
-    projection = Projection(len(plan.slots), REQUEST_BUDGET, (WALK, CONVERT, CHAR))
+    projection = Projection(len(plan.slots), REQUEST_BUDGET)
     try:
         cut = {root: plan.project(root, value, projection) for root, value in objects.items()}
         extra = [plan.project("object", value, projection) for value in as_object]
     except OverBudget as exc:
         raise _Budget(exc.spent) from None
-    bound = projection_bound(projection, analysis.write if cost is None else cost)
+    bound = (analysis.write if cost is None else cost).of(projection)
     if bound > REQUEST_BUDGET:
         raise _Budget(bound)
     return cut, extra
@@ -74,8 +74,8 @@ def validate(
     objects = {"object": obj, "oldObject": old}
     together = analysis.together if not scoped else None
     try:
-        if together is not None and analysis.flat is not None:
-            held = _flat_hold(analysis, analysis.flat, objects, request, builtins)
+        if together is not None and analysis.direct is not None:
+            held = _direct_hold(analysis, analysis.direct, objects, request, builtins)
             if held:
                 return None
             if held is not None:
@@ -94,21 +94,36 @@ def validate(
     return _one_by_one(analysis, rules, obj, old, extra, request, builtins, scoped)
 
 
-def _flat_hold(
+def _direct_hold(
     analysis: Analysis,
-    flat: Flat,
+    direct: Direct,
     objects: Mapping[str, Any],
     request: Mapping[str, Any],
     builtins: Mapping[str, Any],
 ) -> bool | None:
-    """Whether the validations all hold, on the objects cut with their lists flattened; None
+    """Whether the validations all hold, on the values they read bound on their own; None
     when an object does not fit (it is then cut as usual)."""
+    projection = Projection(len(analysis.plan.slots), REQUEST_BUDGET)
+    data = {name: builtins[key] for name, key in direct.builtins if key in builtins}
+    for name, steps in direct.request:
+        value: Any = request
+        for step in steps:
+            value = value.get(step) if isinstance(value, Mapping) else None
+        data[name] = value
     try:
-        cut, _ = _projected(analysis, flat.plan, objects, ())
-    except NotFlat:
+        for name, root, chain in direct.values:
+            data[name] = chain.cut(objects[root], projection)
+    except Unfit:
         return None
-    data = bindings(analysis.names, cut["object"], cut["oldObject"], request, builtins)
-    return _true(flat.together, activation(data))
+    except OverBudget as exc:
+        raise _Budget(exc.spent) from None
+    bound = analysis.write.of(projection)
+    if bound > REQUEST_BUDGET:
+        raise _Budget(bound)
+    try:
+        return direct.together.compiled.eval(data=data).value() is True
+    except RuntimeError:
+        return False
 
 
 def _one_by_one(
