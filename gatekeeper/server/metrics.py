@@ -30,9 +30,9 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.audit import AuditSink, JsonLinesWriter
 from gatekeeper.audit.event import RULE_ANNOTATION
+from gatekeeper.listen.identity import TokenFailure
 from gatekeeper.rule import Rule
 from gatekeeper.upstream.session import AnswerHook
-from gatekeeper.upstream.tokenfailures import TokenFailure
 
 __all__ = [
     "CONTENT_TYPE",

@@ -23,6 +23,7 @@ from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.capacity import ConnectionGuard
 from gatekeeper.listen.connections import GuardedRunner
+from gatekeeper.listen.identity import Identifier, token_reviewer
 from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
 from gatekeeper.listen.tlsgate import TLSGateSite
 from gatekeeper.listenerkind import ListenerKind
@@ -30,7 +31,6 @@ from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Policy
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.proxy.tokens import token_driver
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.expiry import CertificateExpiry
 from gatekeeper.server.health import (
@@ -43,10 +43,8 @@ from gatekeeper.server.health import (
 from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
-from gatekeeper.types import Identity, KubeObject
-from gatekeeper.upstream.reviewbudget import ReviewBudget
-from gatekeeper.upstream.session import Upstream, UpstreamSession, request
-from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, ReviewOutcome, TokenReviewer
+from gatekeeper.types import Identity
+from gatekeeper.upstream.session import Upstream, UpstreamSession
 
 __all__ = [
     "SOCKET_NAME",
@@ -201,9 +199,22 @@ class GatekeeperServer:
             audit=self.audit,
             audit_level=config.audit.level,
             budgets=DriverBudgets(config.limits),
-            tokens=self._token_reviewer() if config.listen_token is not None else None,
-            token_failed=self.metrics.token_failed,
         )
+        reviewer = None
+        if config.listen_token is not None:
+            reviewer = token_reviewer(
+                self.upstream,
+                self.gatekeeper,
+                config.limits,
+                audiences=config.token_audiences,
+                ttl=config.token_cache_ttl,
+                on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
+            )
+        self.identifier = Identifier(
+            self.gatekeeper, reviewer, on_token_failure=self.metrics.token_failed
+        )
+        """Who is calling, for every listener (socket paths and token ports as they start)."""
+        self.identifier.on_identified = self._identified
         self.readiness = Readiness(
             upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
         )
@@ -240,8 +251,7 @@ class GatekeeperServer:
         if isinstance(self.upstream, UpstreamSession):
             await self.upstream.start()
         # In-flight requests are drained before the runner shuts down (InFlight.drain).
-        runner = GuardedRunner(self.gatekeeper, self.config.limits, shutdown_timeout=1.0)
-        runner.guard.on_identified = self._identified
+        runner = GuardedRunner(self.identifier, self.config.limits, shutdown_timeout=1.0)
         await runner.setup()
         self._runners.append(runner)
         self.guard = runner.guard
@@ -265,25 +275,6 @@ class GatekeeperServer:
         self._runners.append(runner)
         return runner
 
-    def _token_reviewer(self) -> TokenReviewer:
-        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials, in
-        their own upstream pool, within the review budget (docs/security.md)."""
-
-        async def review(body: KubeObject) -> tuple[int, KubeObject]:
-            return await request(self.upstream, "POST", TOKEN_REVIEWS, body, pool="reviews")
-
-        def driver_of(outcome: ReviewOutcome) -> str | None:
-            return token_driver(outcome, self.engine.policy, self.config.node_name)
-
-        return TokenReviewer(
-            review,
-            budget=ReviewBudget(self.config.limits),
-            driver_of=driver_of,
-            audiences=self.config.token_audiences,
-            ttl=self.config.token_cache_ttl,
-            on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
-        )
-
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
         site: web.BaseSite
         kind = listener.kind
@@ -306,13 +297,13 @@ class GatekeeperServer:
         port = listener.sock.getsockname()[1] if kind is not ListenerKind.UNIX else 0
         if kind is ListenerKind.UNIX:
             # The accepted socket reports the listening path as its sockname: the identity.
-            self.gatekeeper.socket_drivers[listener.path] = listener.driver
+            self.identifier.socket_drivers[listener.path] = listener.driver
         elif kind is ListenerKind.MTLS:
             self.tls_port = int(port)
         elif kind is ListenerKind.TOKEN:
             # The accepted socket reports the listening port: its drivers show a token.
             self.token_port = int(port)
-            self.gatekeeper.token_ports.add(self.token_port)
+            self.identifier.token_ports.add(self.token_port)
         else:
             self.health_port = int(port)
 
@@ -395,9 +386,9 @@ class GatekeeperServer:
     async def remove_driver_sockets(self, drivers: list[str]) -> None:
         """Stop listening for drivers a reloaded policy removed."""
         gone = set(drivers)
-        for path, driver in list(self.gatekeeper.socket_drivers.items()):
+        for path, driver in list(self.identifier.socket_drivers.items()):
             if driver in gone:
-                del self.gatekeeper.socket_drivers[path]
+                del self.identifier.socket_drivers[path]
                 log.info("closed driver=%s socket=%s", driver, path)
         runner = self._runners[0] if self._runners else None
         if runner is not None:
