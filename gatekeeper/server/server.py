@@ -9,6 +9,7 @@ remove the sockets. :func:`run_until_signal` runs it until SIGTERM/SIGINT and re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -25,6 +26,8 @@ from gatekeeper.listen.capacity import ConnectionGuard
 from gatekeeper.listen.connections import GuardedRunner
 from gatekeeper.listen.identity import Identifier, token_reviewer
 from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
+from gatekeeper.listen.servingcert import Issued, ServingCertificate
+from gatekeeper.listen.tls import IssuedTLS, ListenerTLS
 from gatekeeper.listen.tlsgate import TLSGateSite
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Engine
@@ -239,13 +242,20 @@ class GatekeeperServer:
         """Counts the drivers' listeners' connections (set by :meth:`start`)."""
         self.health: HealthServer | None = None
         """The health listener's server, holding its connections (set by :meth:`start`)."""
+        self.serving: ServingCertificate | None = None
+        """The token listener's certificate from the CSR API (``--token-cert-signer``)."""
+        self.token_tls: ListenerTLS | None = config.token_tls
+        """The token listener's context: its files', or the requested certificate's."""
+        self._renewal: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> Engine:
         return self.gatekeeper.engine
 
     async def start(self) -> None:
-        """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
+        """Bind every socket (ConfigError if one fails, nothing listening), then listen: the
+        health listener first (alive, not ready), then, once the token listener's requested
+        certificate is issued (ConfigError if it is not), the drivers' listeners."""
         drivers = sorted(self.engine.policy.drivers)
         self._listeners = bind_listeners(self.config, drivers, self._sockets)
         if isinstance(self.upstream, UpstreamSession):
@@ -258,11 +268,36 @@ class GatekeeperServer:
         health_runner = await self._health_runner()
         self.metrics.registry.register(IsolationCollector(runner.guard, self.health))
         for listener in self._listeners:
-            target = health_runner if listener.kind is ListenerKind.HEALTH else None
-            await self._listen(target or runner, listener)
+            if listener.kind is ListenerKind.HEALTH and health_runner is not None:
+                await self._listen(health_runner, listener)
+        first = await self._first_certificate()
+        for listener in self._listeners:
+            if listener.kind is not ListenerKind.HEALTH:
+                await self._listen(runner, listener)
         self.listening = True
         self.reloader.start()
+        if self.serving is not None and isinstance(self.token_tls, IssuedTLS):
+            assert first is not None
+            self._renewal = asyncio.ensure_future(self.serving.renew(self.token_tls, first))
+            self._renewal.add_done_callback(_renewal_ended)
         self._log_started()
+
+    async def _first_certificate(self) -> Issued | None:
+        """The token listener's certificate from the CSR API, when it is requested."""
+        request = self.config.token_cert
+        if request is None:
+            return None
+        self.serving = ServingCertificate(
+            request,
+            self.upstream,
+            self.config.node_name,
+            on_issued=lambda issued: self.expiry.hold("token-listener", issued.not_after),
+            on_request=lambda result: self.metrics.cert_requests.labels(result).inc(),
+        )
+        first = await self.serving.first()
+        self.token_tls = IssuedTLS(first.cert_pem, first.key_pem)
+        self.token_tls.on_handshake_failure = self._handshake_failed
+        return first
 
     async def _health_runner(self) -> web.BaseRunner | None:
         """The health listener's runner, when one is configured (its own connection cap and
@@ -282,7 +317,10 @@ class GatekeeperServer:
         # (docs/operating.md#connection-storms): the kernel holds as many as the cap while they
         # are accepted (Linux caps it at net.core.somaxconn, 4,096 by default).
         backlog = self.config.limits.connections_total
-        tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
+        tls: dict[ListenerKind, ListenerTLS | None] = {
+            ListenerKind.MTLS: self.config.listen_tls,
+            ListenerKind.TOKEN: self.token_tls,
+        }
         if (context := tls.get(kind)) is not None:
             assert isinstance(runner, GuardedRunner)
             site = TLSGateSite(runner, listener.sock, context, listener=kind, backlog=backlog)
@@ -335,6 +373,10 @@ class GatekeeperServer:
         """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
         self.listening = False
         await self.reloader.stop()
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
@@ -405,6 +447,12 @@ class GatekeeperServer:
         if self._sockets is not None:
             for driver in gone:
                 self._sockets.release(driver)  # only the file that is still ours
+
+
+def _renewal_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        # Never silent: the certificate now expires unrenewed (the expiry metric shows it).
+        log.error("serving certificate renewal stopped", exc_info=exc)
 
 
 async def run_until_signal(
