@@ -90,7 +90,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="re-read the CA Secret this often (a rotation; default 60)",
     )
-    return parser  # fmt: skip
+    parser.add_argument(
+        "--approve-only",
+        action="store_true",
+        help="approve or deny by the same rules, sign nothing, hold no CA: another signer of "
+        "--signer-name signs (cert-manager)",
+    )
+    return parser
 
 
 def _config(ns: argparse.Namespace) -> SignerConfig:
@@ -120,7 +126,13 @@ def _config(ns: argparse.Namespace) -> SignerConfig:
         ns.signer_name, f"system:serviceaccount:{namespace}:{account}", ns.certificate_lifetime
     )
     return SignerConfig(
-        rules, own, ns.ca_secret, ns.ca_configmap, ns.ca_lifetime_days, ns.resync_period
+        rules,
+        own,
+        ns.ca_secret,
+        ns.ca_configmap,
+        ns.ca_lifetime_days,
+        ns.resync_period,
+        approve_only=ns.approve_only,
     )
 
 

@@ -6,6 +6,10 @@
 A request someone else approved (an admin's ``kubectl certificate approve``) is signed only if
 the rules allow it too; otherwise it gets the Failed condition with their reason. The CA Secret
 is read again every ``resync`` seconds (a rotation), and its certificates re-published.
+
+With ``approve_only`` it holds no CA: it approves or denies by the same rules, and another
+signer of the same name signs what it approved (cert-manager's CertificateSigningRequest
+support: docs/operating.md#cert-manager).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class SignerConfig:
     ca_days: int = 3650
     """Validity of a CA made at the first start."""
     resync: float = 60.0
+    approve_only: bool = False
+    """Approve or deny only; another signer signs (no CA, no Secret, no ConfigMap)."""
 
 
 class Signer:
@@ -68,15 +74,15 @@ class Signer:
 
     async def start(self) -> None:
         """Load the CA (made at the first start) and publish its certificates; ConfigError
-        when the Secret cannot hold one."""
-        await self._load()
+        when the Secret cannot hold one. Nothing to load when it only approves."""
+        if not self.config.approve_only:
+            await self._load()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Answer requests until ``stopping`` is set (after :meth:`start`)."""
-        tasks = [
-            asyncio.ensure_future(self._follow_requests()),
-            asyncio.ensure_future(self._follow_ca()),
-        ]
+        tasks = [asyncio.ensure_future(self._follow_requests())]
+        if not self.config.approve_only:
+            tasks.append(asyncio.ensure_future(self._follow_ca()))
         try:
             await stopping.wait()
         finally:
@@ -197,6 +203,8 @@ class Signer:
             csr = await answer_csr(self._upstream, csr, Verdict.APPROVED, APPROVED_REASON,
                                    verdict.message)  # fmt: skip
             self._did(name, "approved", f"node={verdict.node}")
+        if self.config.approve_only:
+            return  # the other signer signs (or fails) what is approved
         if isinstance(verdict, Denial):
             # Approved by someone else, against the rules: never signed.
             await sign_csr(self._upstream, csr, None, reason=verdict.reason,
