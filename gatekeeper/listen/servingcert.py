@@ -57,7 +57,7 @@ class CertRequest:
 @dataclass(frozen=True, slots=True)
 class Issued:
     """A certificate issued for a key of this process: the chain (PEM), the key (PEM, in
-    memory only), its validity and serial, and the request it answered."""
+    memory only), its validity and serial, the request it answered, and when it came."""
 
     cert_pem: bytes
     key_pem: bytes = field(repr=False)
@@ -65,10 +65,15 @@ class Issued:
     not_after: datetime
     serial: int
     csr: str
+    received: float
+    """Seconds since the epoch."""
 
     def renew_at(self, share: float) -> float:
-        """When ``share`` of the certificate's life has passed (seconds since the epoch)."""
-        start, end = self.not_before.timestamp(), self.not_after.timestamp()
+        """When ``share`` of the certificate's life has passed (seconds since the epoch),
+        counted from when it came: signers backdate ``notBefore`` (clock skew), which must not
+        make a short-lived certificate due at once, again and again."""
+        start = max(self.not_before.timestamp(), self.received)
+        end = self.not_after.timestamp()
         return start + (end - start) * share
 
 
@@ -185,7 +190,7 @@ class ServingCertificate:
             if state.issued:
                 self._pending = None
                 try:
-                    issued = _issued(state, pending.key)
+                    issued = _issued(state, pending.key, self._clock())
                 except ValueError as exc:
                     self._on_request("failed")
                     raise _Refused(f"CertificateSigningRequest {state.name}: {exc}") from None
@@ -241,7 +246,7 @@ class ServingCertificate:
         )
 
 
-def _issued(state: CSRState, key: ec.EllipticCurvePrivateKey) -> Issued:
+def _issued(state: CSRState, key: ec.EllipticCurvePrivateKey, received: float) -> Issued:
     """The certificate of ``state`` for ``key``; ValueError if it is not for that key."""
     from cryptography import x509
 
@@ -261,4 +266,5 @@ def _issued(state: CSRState, key: ec.EllipticCurvePrivateKey) -> Issued:
         leaf.not_valid_after_utc,
         leaf.serial_number,
         state.name,
+        received,
     )

@@ -314,3 +314,13 @@ async def test_serve_waits_for_its_certificate_then_serves_drivers_with_it(
         assert 7000 < left <= 7200
         issued = metric_value(text, "dra_gatekeeper_certificate_requests_total", result="issued")
         assert issued == 1
+
+
+def test_a_short_life_backdated_by_the_signer_is_not_due_at_once() -> None:
+    """Signers backdate notBefore (5 minutes here, as ours and the kube-controller-manager's
+    do): a 60 s certificate is renewed 36-45 s after it came, never at once."""
+    now = datetime.datetime.now(datetime.UTC)
+    issued = Issued(b"", b"", now - datetime.timedelta(minutes=5),
+                    now + datetime.timedelta(seconds=60), 1, "csr", now.timestamp())  # fmt: skip
+    assert issued.renew_at(0.60) == pytest.approx(now.timestamp() + 36)
+    assert issued.renew_at(0.75) == pytest.approx(now.timestamp() + 45)
