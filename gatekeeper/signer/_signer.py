@@ -77,6 +77,13 @@ class Signer:
         when the Secret cannot hold one. Nothing to load when it only approves."""
         if not self.config.approve_only:
             await self._load()
+        rules = self.config.rules
+        log.info(
+            "signer started signer=%s gatekeeper=%s approve_only=%s",
+            rules.signer_name,
+            rules.gatekeeper,
+            self.config.approve_only,
+        )
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Answer requests until ``stopping`` is set (after :meth:`start`)."""
