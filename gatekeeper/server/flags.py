@@ -161,8 +161,9 @@ _LISTENERS = (
     Flag("--listen-token", "HOST:PORT", "the token listener (TLS): driver = the service "
          "account of its bearer token, by TokenReview, mapped under serviceAccounts in the "
          "policy (default: none)", Group.LISTENERS, check=_host_port,
-         doc="token listener (TLS, no client certificate; with `--tls-cert-file` and "
-         "`--tls-key-file`): the driver is the service account of its bearer token, found by "
+         doc="token listener (TLS, no client certificate; its certificate requested with "
+         "`--token-cert-signer`, or `--tls-cert-file` and `--tls-key-file`): the driver is the "
+         "service account of its bearer token, found by "
          "a TokenReview and mapped under `serviceAccounts` in the policy; the policy must map "
          "one (else exit 2)"),
     Flag("--token-audience", "AUDIENCE", "review tokens for this audience (repeatable; "

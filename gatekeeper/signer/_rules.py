@@ -7,10 +7,12 @@ approved only when
   ``authentication.kubernetes.io/pod-name`` and ``node-name``),
 - it asks for a server certificate (usages) of an EC key it holds (the request's signature),
   naming only IP addresses and DNS names,
-- and every one of them is one of Node N's ``status.addresses``, or loopback.
+- and every one of them is one of Node N's ``status.addresses``, or loopback, and none is
+  another node's too (a node writes its own status: one that claims another's address gets
+  nothing for it while the other claims it as well).
 
 Anything else is denied, and the condition says which rule and field. Pure: the request is
-read by :func:`read_request`, the Node fetched by the caller.
+read by :func:`read_request`, the Nodes fetched by the caller.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "Denial",
     "Requested",
     "SignerRules",
+    "addresses_of",
     "decide",
     "node_of",
     "read_request",
@@ -99,9 +102,14 @@ def node_of(csr: KubeObject) -> str | None:
     return values[0] if len(values) == 1 and values[0] else None
 
 
-def decide(csr: KubeObject, node: KubeObject | None, rules: SignerRules) -> Approval | Denial:
+def decide(
+    csr: KubeObject,
+    node: KubeObject | None,
+    rules: SignerRules,
+    others: Iterable[KubeObject] = (),
+) -> Approval | Denial:
     """Approve ``csr`` or deny it, with ``node`` the Node :func:`node_of` names (None when it
-    names none, or none exists)."""
+    names none, or none exists) and ``others`` every other Node."""
     spec = csr.get("spec") if isinstance(csr.get("spec"), dict) else {}
     assert isinstance(spec, dict)
     username = str(spec.get("username", ""))
@@ -137,13 +145,21 @@ def decide(csr: KubeObject, node: KubeObject | None, rules: SignerRules) -> Appr
             f"node {nodes[0]!r} ({NODE_NAME_EXTRA} of the requester's token) does not exist",
         )
     if stranger := _foreign(requested.addresses, node):
-        known = ", ".join(_node_addresses(node)) or "none"
+        known = ", ".join(addresses_of(node)) or "none"
         return Denial(
             "AddressNotOfNode",
             f"spec.request asks for {stranger}, which is not one of node {nodes[0]}'s "
             f"status.addresses ({known}) nor loopback: a gatekeeper may ask only for its own "
             "node's addresses",
         )
+    for other in others:
+        name = str(other.get("metadata", {}).get("name", ""))
+        if name != nodes[0] and (shared := _shared(requested.addresses, other)):
+            return Denial(
+                "AddressOfAnotherNode",
+                f"spec.request asks for {shared}, which node {name}'s status.addresses list "
+                f"too: an address two nodes claim is signed for neither",
+            )
     lifetime = rules.lifetime
     asked = spec.get("expirationSeconds")
     if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < lifetime:
@@ -195,7 +211,8 @@ def _extra(csr: KubeObject) -> Mapping[str, Sequence[str]]:
     }
 
 
-def _node_addresses(node: KubeObject) -> list[str]:
+def addresses_of(node: KubeObject) -> list[str]:
+    """A Node's ``status.addresses``, as written."""
     status = node.get("status") if isinstance(node.get("status"), dict) else {}
     assert isinstance(status, dict)
     return [
@@ -205,20 +222,23 @@ def _node_addresses(node: KubeObject) -> list[str]:
     ]
 
 
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address | str
+
+
+def _parsed(address: str) -> _Address:
+    try:
+        return ipaddress.ip_address(address)
+    except ValueError:
+        return address.lower()
+
+
 def _foreign(addresses: Sequence[str], node: KubeObject) -> str | None:
     """The first address that is neither the node's nor loopback."""
-    ips: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set(LOOPBACK)
-    names: set[str] = set()
-    for known in _node_addresses(node):
-        try:
-            ips.add(ipaddress.ip_address(known))
-        except ValueError:
-            names.add(known.lower())
-    for address in addresses:
-        try:
-            if ipaddress.ip_address(address) not in ips:
-                return address
-        except ValueError:
-            if address.lower() not in names:
-                return address
-    return None
+    known: set[_Address] = {*LOOPBACK, *(_parsed(a) for a in addresses_of(node))}
+    return next((a for a in addresses if _parsed(a) not in known), None)
+
+
+def _shared(addresses: Sequence[str], other: KubeObject) -> str | None:
+    """The first address (loopback aside) that ``other`` lists too."""
+    theirs = {_parsed(a) for a in addresses_of(other)}
+    return next((a for a in addresses if _parsed(a) in theirs and _parsed(a) not in LOOPBACK), None)

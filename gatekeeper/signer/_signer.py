@@ -30,7 +30,7 @@ from gatekeeper.signer._rules import Approval, Denial, SignerRules, decide, node
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream.csr import CSRS, CSRState, Verdict, answer_csr, sign_csr
 from gatekeeper.upstream.kubeconfig import TokenSource
-from gatekeeper.upstream.session import Upstream, fetch, read_json_object, request
+from gatekeeper.upstream.session import Upstream, read_json_object, request
 
 __all__ = ["APPROVED_REASON", "Signer", "SignerConfig"]
 
@@ -195,11 +195,8 @@ class Signer:
             return
         if state.issued:
             return
-        node_name = node_of(csr)
-        node = await fetch(self._upstream, f"/api/v1/nodes/{quote(node_name, safe='')}") if (
-            node_name
-        ) else None  # fmt: skip
-        verdict = decide(csr, node, self.config.rules)
+        node, others = await self._nodes(node_of(csr))
+        verdict = decide(csr, node, self.config.rules, others)
         name = state.name
         if state.verdict is Verdict.PENDING:
             if isinstance(verdict, Denial):
@@ -219,6 +216,17 @@ class Signer:
             self._did(name, "failed", f"reason={verdict.reason} {verdict.message}")
             return
         await self._sign(csr, verdict)
+
+    async def _nodes(self, name: str | None) -> tuple[KubeObject | None, list[KubeObject]]:
+        """The requester's Node (None: no such node, or none named) and all the others."""
+        if name is None:
+            return None, []
+        code, listed = await request(self._upstream, "GET", "/api/v1/nodes")
+        if code != 200:
+            raise UpstreamError(502, f"cannot list nodes: HTTP {code} (the signer needs list)")
+        nodes = [n for n in listed.get("items") or () if isinstance(n, dict)]
+        mine = [n for n in nodes if n.get("metadata", {}).get("name") == name]
+        return (mine[0] if mine else None), [n for n in nodes if n not in mine]
 
     async def _sign(self, csr: KubeObject, approval: Approval) -> None:
         held = self._held

@@ -163,3 +163,21 @@ def test_the_node_is_the_tokens_never_the_requests() -> None:
     key = ec.generate_private_key(ec.SECP384R1())
     verdict = decide(csr(request=request_of(["10.0.0.7"], key=key)), NODE_A, RULES)
     assert isinstance(verdict, Approval) and verdict.node == "node-a"
+
+
+def test_an_address_another_node_claims_too_is_signed_for_neither() -> None:
+    """A node writes its own status: node-b claiming node-a's address gets no certificate for
+    it, and neither does node-a while node-b claims it."""
+    claimed = [{"type": "InternalIP", "address": "10.0.0.7"}]
+    claimer = {"metadata": {"name": "node-b"}, "status": {"addresses": claimed}}
+    verdict = decide(csr(), NODE_A, RULES, [NODE_A, claimer])
+    assert verdict == Denial(
+        "AddressOfAnotherNode",
+        "spec.request asks for 10.0.0.7, which node node-b's status.addresses list too: an "
+        "address two nodes claim is signed for neither",
+    )
+    loopback_only = decide(csr(request=request_of(["127.0.0.1"])), NODE_A, RULES, [claimer])
+    assert isinstance(loopback_only, Approval)  # loopback is every node's own
+    bystander = {"metadata": {"name": "node-c"}, "status": {"addresses": [
+        {"type": "InternalIP", "address": "10.0.0.9"}]}}  # fmt: skip
+    assert isinstance(decide(csr(), NODE_A, RULES, [NODE_A, bystander]), Approval)
