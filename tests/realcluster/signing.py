@@ -19,7 +19,13 @@ from cryptography import x509
 
 from gatekeeper.codec import pki
 from tests.realcluster.cluster import Api, RealCluster, poll
-from tests.realcluster.objects import ensure
+from tests.realcluster.objects import bound_token, ensure
+from tests.realcluster.processes import (
+    GatekeeperProcess,
+    in_cluster_env,
+    in_pod,
+    service_account_volume,
+)
 
 __all__ = [
     "CSRS",
@@ -134,3 +140,33 @@ def _started(process: subprocess.Popen[bytes], log: Path) -> bool:
     if process.poll() is not None:
         raise RuntimeError(f"the signer exited {process.returncode}: {log.read_text()[-2000:]}")
     return "signer started" in log.read_text()
+
+
+_DRIVER_IN_POD = """
+from kubernetes import client, config
+config.load_incluster_config()
+slices = client.ResourceV1Api().list_resource_slice(
+    field_selector="spec.driver=gpu.example.com,spec.nodeName=node-a")
+print(len(slices.items))
+"""
+
+
+def driver_in_pod(
+    cluster: RealCluster,
+    gatekeeper: GatekeeperProcess,
+    directory: Path,
+    ca_pem: bytes,
+    account: tuple[str, str] = ("gpu-system", "gpu-driver"),
+) -> subprocess.CompletedProcess[str]:
+    """The official client with ``load_incluster_config()``, in a pod of ``account`` on
+    node-a whose service-account volume holds ``ca_pem`` as its only CA, listing the GPU
+    driver's slices through the gatekeeper's token listener (it prints how many)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trusted.crt").write_bytes(ca_pem)
+    token, _ = bound_token(cluster, *account, "node-a")
+    volume = service_account_volume(
+        directory / "serviceaccount", token, str(directory / "trusted.crt"), account[0]
+    )
+    env = {**in_cluster_env(gatekeeper), "PATH": "/usr/bin:/bin"}
+    command = [*in_pod(volume), sys.executable, "-c", _DRIVER_IN_POD]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)

@@ -19,7 +19,13 @@ import yaml
 from gatekeeper.cli.main import build_parser
 from gatekeeper.testing.harness import KUBECTL
 from tests.realcluster.build import Binaries
-from tests.realcluster.helm import CHART, Helm, generated_values, without_helm_labels
+from tests.realcluster.helm import (
+    CHART,
+    DRIVER_NAMESPACE_KIND,
+    Helm,
+    generated_values,
+    without_helm_labels,
+)
 from tests.test_deploy import assert_no_ca_key_on_workers
 
 ROOT = CHART.parents[2]
@@ -289,19 +295,7 @@ def test_a_driver_namespace_policy_is_bound_by_the_publisher_as_namespaces_appea
     """A policy with DriverNamespace kinds: no RoleBinding rendered into a driver namespace
     (it may not exist yet); publish-ca binds the generated ClusterRole there, allowed exactly
     that (bind on it, RoleBindings of its name)."""
-    policy = (
-        CUSTOM_POLICY
-        + """kinds:
-  - group: coordination.k8s.io
-    resource: leases
-    kind: Lease
-    scope: Namespaced
-    rule: DriverNamespace
-    verbs: [get, create, update]
-    versions:
-      - names: [v1]
-"""
-    )
+    policy = CUSTOM_POLICY + DRIVER_NAMESPACE_KIND
     values = generated_values(tmp_path, policy, "kube-system/dra-gatekeeper")
     objects = helm.template(values)
     namespaced_elsewhere = [

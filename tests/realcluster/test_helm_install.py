@@ -28,16 +28,15 @@ import yaml
 from gatekeeper.cli.main import build_parser
 from tests.realcluster.build import Binaries
 from tests.realcluster.cluster import RealCluster, poll
-from tests.realcluster.helm import CHART, Helm, generated_values
+from tests.realcluster.helm import CHART, DRIVER_NAMESPACE_KIND, Helm, generated_values
 from tests.realcluster.objects import bound_token, ensure
-from tests.realcluster.processes import (
-    DriverProcess,
-    GatekeeperProcess,
-    in_cluster_env,
-    in_pod,
-    service_account_volume,
+from tests.realcluster.processes import DriverProcess, GatekeeperProcess
+from tests.realcluster.signing import (
+    NODE_ADDRESSES,
+    driver_in_pod,
+    set_node_addresses,
+    signer_process,
 )
-from tests.realcluster.signing import NODE_ADDRESSES, set_node_addresses, signer_process
 
 NAMESPACE = "helm-gk"
 ACCOUNT = "gk"
@@ -54,17 +53,7 @@ include: [packaged:default]
 drivers: [{GPU}]
 serviceAccounts:
   {GPU}: [{DRIVER_NS}/gpu-plugin]
-kinds:
-  - group: coordination.k8s.io
-    resource: leases
-    kind: Lease
-    scope: Namespaced
-    rule: DriverNamespace
-    verbs: [get, create, update]
-    encodings: [json, protobuf]
-    versions:
-      - names: [v1]
-"""
+{DRIVER_NAMESPACE_KIND}"""
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 # serve flags the rendered DaemonSet sets that the tier replaces: node paths and listeners.
 _TIER_OWNS = {"policy", "socket_dir", "audit_log", "health_listen", "listen_token"}
@@ -151,15 +140,6 @@ def _running_as(
     return args, kubeconfig
 
 
-_DRIVER_IN_POD = """
-from kubernetes import client, config
-config.load_incluster_config()
-slices = client.ResourceV1Api().list_resource_slice(
-    field_selector="spec.driver=gpu.example.com,spec.nodeName=node-a")
-print(len(slices.items))
-"""
-
-
 def test_one_helm_install_and_a_driver_publishes_through_its_gatekeeper(
     installed: tuple[Helm, Path], binaries: Binaries, real_cluster: RealCluster, tmp_path: Path
 ) -> None:
@@ -221,13 +201,9 @@ def test_one_helm_install_and_a_driver_publishes_through_its_gatekeeper(
                 poll("the slice stored", lambda: admin.get(mine)["items"] or None)
                 assert driver.events_of("helper-error") == [], driver.stderr_tail()
             # A driver keeping its in-cluster config, trusting only the CA published to it.
-            (tmp_path / "published.crt").write_text(published["data"]["ca.crt"])
-            driver_token, _ = bound_token(real_cluster, DRIVER_NS, "gpu-plugin", "node-a")
-            volume = service_account_volume(tmp_path / "sa", driver_token,
-                                            str(tmp_path / "published.crt"), DRIVER_NS)  # fmt: skip
-            env = {**in_cluster_env(gatekeeper), "PATH": "/usr/bin:/bin"}
-            command = [*in_pod(volume), sys.executable, "-c", _DRIVER_IN_POD]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+            ca = published["data"]["ca.crt"].encode()
+            done = driver_in_pod(real_cluster, gatekeeper, tmp_path / "driver", ca,
+                                 (DRIVER_NS, "gpu-plugin"))  # fmt: skip
             assert done.returncode == 0 and int(done.stdout) >= 1, done.stderr
         finally:
             gatekeeper.stop()

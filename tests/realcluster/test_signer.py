@@ -9,8 +9,6 @@ pod are each denied, the condition saying why, and none is signed."""
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,17 +20,13 @@ from cryptography import x509
 from tests.realcluster.cluster import Api, RealCluster, poll
 from tests.realcluster.conftest import DRIVERS
 from tests.realcluster.objects import bound_token, ensure
-from tests.realcluster.processes import (
-    GatekeeperProcess,
-    in_cluster_env,
-    in_pod,
-    service_account_volume,
-)
+from tests.realcluster.processes import GatekeeperProcess
 from tests.realcluster.signing import (
     CSRS,
     NODE_ADDRESSES,
     apply,
     csr_of,
+    driver_in_pod,
     request_certificate,
     served_serial,
     set_node_addresses,
@@ -96,25 +90,10 @@ def _gatekeeper_token(cluster: RealCluster, work: Path) -> tuple[str, Path]:
     return token, path
 
 
-_DRIVER_IN_POD = """
-from kubernetes import client, config
-config.load_incluster_config()
-slices = client.ResourceV1Api().list_resource_slice(
-    field_selector="spec.driver=gpu.example.com,spec.nodeName=node-a")
-print(len(slices.items))
-"""
-
-
 def _driver_connects(
     cluster: RealCluster, gatekeeper: GatekeeperProcess, work: Path, ca: bytes, name: str
 ) -> None:
-    """The official client, in a pod whose service-account volume holds only the signer's CA."""
-    (work / f"{name}.crt").write_bytes(ca)
-    token, _ = bound_token(cluster, "gpu-system", "gpu-driver", "node-a")
-    volume = service_account_volume(work / name, token, str(work / f"{name}.crt"), "gpu-system")
-    env = {**in_cluster_env(gatekeeper), "PATH": "/usr/bin:/bin"}
-    command = [*in_pod(volume), sys.executable, "-c", _DRIVER_IN_POD]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    done = driver_in_pod(cluster, gatekeeper, work / name, ca)
     assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr
 
 
