@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
-from urllib.parse import quote
 
 from gatekeeper.errors import UpstreamError
+from gatekeeper.names import is_dns_subdomain
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream.session import Upstream, request
 
@@ -88,7 +88,11 @@ class CSRState:
 
 
 def csr_path(name: str) -> str:
-    return f"{CSRS}/{quote(name, safe='')}"
+    """The request's path; ValueError for a name that is no DNS subdomain (a request's name
+    may hold more, such a path segment the gatekeeper never writes)."""
+    if not is_dns_subdomain(name):
+        raise ValueError(f"CertificateSigningRequest name {name[:80]!r} is not a DNS subdomain")
+    return f"{CSRS}/{name}"
 
 
 async def create_csr(
