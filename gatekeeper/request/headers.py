@@ -10,6 +10,7 @@ from gatekeeper.rule import Rule
 __all__ = [
     "ALLOWED_METHODS",
     "accepts_plain_json",
+    "bearer_token",
     "forwarded_request_headers",
     "response_headers",
     "screen_request",
@@ -34,6 +35,15 @@ _RESPONSE_HEADERS = frozenset(
 
 
 _PLAIN_JSON_RANGES = frozenset({"application/json", "application/*", "*/*"})
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, or None when there is not exactly one."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        return None
+    return token
 
 
 def accepts_plain_json(accept: str) -> bool:

@@ -52,7 +52,8 @@ async def test_demo_serves_kubectl_and_cleans_up_but_keeps_its_audit_log(tmp_pat
     assert f"the audit log is kept: {audit}" in last
     assert os.path.basename(kubeconfig) == "gpu.example.com.kubeconfig"
     events = [json.loads(line) for line in audit.read_text().splitlines()]
-    (created,) = [e for e in events if e["verb"] == "create"]
+    (created,) = [e for e in events if e["verb"] == "create"
+                  and e["requestObject"]["metadata"]["name"] == "demo-node-x"]  # fmt: skip
     assert created["level"] == "RequestResponse" and created["requestObject"]["spec"]
     checked = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gatekeeper", "audit", "check", str(audit),
@@ -166,6 +167,17 @@ async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
     assert process.returncode == 0
     assert workdir.is_dir() and (workdir / "audit.log").exists()  # --dir is kept
     assert not (workdir / "sockets" / GPU / "api.sock").exists()
+    # The demo's own changes went through the gatekeeper as the driver's: audited, allowed.
+    events = [json.loads(line) for line in (workdir / "audit.log").read_text().splitlines()]
+    changes = [e for e in events if e["userAgent"].startswith("dra-gatekeeper-demo")
+               and e["stage"] == "ResponseComplete"]  # fmt: skip
+    assert {e["verb"] for e in changes} == {"create", "delete"}, changes
+    for event in changes:
+        assert event["user"]["username"] == GPU
+        named = event["objectRef"].get("name") or event["requestObject"]["metadata"]["name"]
+        assert named == "demo-node-gpu.example.com-1"
+        assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+        assert event["responseStatus"]["code"] in (200, 201)
 
 
 @pytest.mark.kubectl
