@@ -12,11 +12,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, quote
 
 from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, set_field
+from gatekeeper.codec.selectors import parse_field_selector
 from gatekeeper.policy import Field, KindRule, KindSpec, VersionSpec
 from gatekeeper.policy.model import ListSelectorMode
+from gatekeeper.request.requestinfo import RequestInfo, parse_request
 
 __all__ = ["Overstep", "oversteps", "token_elsewhere"]
 
@@ -125,26 +126,26 @@ def _node_local(case: Case, verb: str, where: _Where) -> Iterator[Overstep]:
 def _pinned_lists(case: Case, verb: str, where: _Where) -> Iterator[Overstep]:
     """A list or watch pinned to another node or driver; one pinned to nothing (Require)."""
     spec, entry = where.spec, where.entry
-    query = case["request"].get("query", "")
-    pairs = parse_qsl(query, keep_blank_values=True)
-    terms = {
-        name: value.removeprefix("=")
-        for key, selector in pairs
-        if key == "fieldSelector"
-        for term in selector.split(",")
-        if "=" in term and "!=" not in term
-        for name, value in [term.split("=", 1)]
-    }
+    request = case["request"]
+    info = parse_request("GET", f"{request['path']}?{request.get('query', '')}")
+    try:
+        terms = {
+            term.field: term.value
+            for term in parse_field_selector(info.query_value("fieldSelector") or "")
+            if term.operator == "="
+        }
+    except ValueError:
+        return
     across = entry.read_across_nodes and verb != "deletecollection"
     others = {spec.selectors[Field.NODE]: ("another node", where.other_node)}
     if Field.DRIVER in spec.selectors:
         others[spec.selectors[Field.DRIVER]] = ("another driver", where.other_driver)
     for key, (what, value) in others.items():
         if key in terms and not (across and key == spec.selectors[Field.NODE]):
-            pinned = {**terms, key: value}
-            yield f"pinned to {what}", _with_query(case, pairs, pinned)
+            pinned = ",".join(f"{k}={value if k == key else v}" for k, v in terms.items())
+            yield f"pinned to {what}", _with_query(case, info, pinned)
     if entry.list_selector is ListSelectorMode.REQUIRE and terms:
-        yield "without a field selector", _with_query(case, pairs, {})
+        yield "without a field selector", _with_query(case, info, None)
 
 
 def _allocated(case: Case, verb: str, where: _Where) -> Iterator[Overstep]:
@@ -281,12 +282,9 @@ def _with_existing(case: Case, stored: Any, code: int | None = 403) -> Case:
     return refused
 
 
-def _with_query(case: Case, pairs: list[tuple[str, str]], terms: dict[str, str]) -> Case:
+def _with_query(case: Case, info: RequestInfo, selector: str | None) -> Case:
     refused = _refused(case, 403)
-    selector = ",".join(f"{key}={value}" for key, value in terms.items())
-    rest = [(k, v) for k, v in pairs if k != "fieldSelector"]
-    kept = [*rest, ("fieldSelector", selector)] if selector else rest
-    refused["request"]["query"] = "&".join(f"{k}={quote(v, safe='')}" for k, v in kept)
+    refused["request"]["query"] = info.with_query("fieldSelector", selector).query_string
     return refused
 
 
