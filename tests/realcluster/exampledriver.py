@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,12 @@ from tests.realcluster.build import MODULE
 from tests.realcluster.cluster import RealCluster, free_port, poll, remove_workdir
 from tests.realcluster.kubectl import Kubectl, kubectl_binary
 from tests.realcluster.objects import bound_token, ensure
-from tests.realcluster.processes import GatekeeperProcess, in_pod, service_account_volume
+from tests.realcluster.processes import (
+    GatekeeperProcess,
+    in_pod,
+    service_account_volume,
+    terminate,
+)
 
 __all__ = [
     "ACCOUNT",
@@ -38,6 +42,7 @@ __all__ = [
     "account_of",
     "apiserver_calls",
     "apply_deployment",
+    "bind_cluster_role",
     "chart_env",
     "chart_rules",
     "deploy_gatekeeper",
@@ -128,13 +133,7 @@ class Plugin:
 
     def stop(self) -> None:
         """SIGTERM, as the kubelet stops its container; it shuts down by itself."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         remove_workdir(self.workdir)
 
     def __enter__(self) -> Plugin:
@@ -209,20 +208,25 @@ def apply_deployment(
     cert = cluster.client_cert(f"admin-{name}", "admin", "system:masters")
     kubeconfig = cluster.kubeconfig(workdir / f"{name}.kubeconfig", cert=cert)
     Kubectl(kubectl_binary(), kubeconfig, workdir / "kubectl-cache").run("apply", "-f", str(out))
+    bind_cluster_role(cluster, name, account)
+    await_admission(cluster, namespace, service_account, name)
+
+
+def bind_cluster_role(cluster: RealCluster, role: str, account: tuple[str, str]) -> None:
+    """The ClusterRoleBinding ``role`` of the ClusterRole ``role`` to ``account`` (namespace,
+    name), as a chart makes it."""
+    namespace, name = account
     ensure(
         cluster.admin,
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        f"/apis/{_RBAC}/v1/clusterrolebindings",
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "apiVersion": f"{_RBAC}/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": _RBAC, "kind": "ClusterRole", "name": name},
-            "subjects": [
-                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
-            ],
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": _RBAC, "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
     )
-    await_admission(cluster, namespace, service_account, name)
 
 
 def start_gatekeeper(

@@ -31,6 +31,7 @@ from tests.realcluster.exampledriver import (
     Kubelet,
     Plugin,
     apply_deployment,
+    bind_cluster_role,
     chart_rules,
     launch,
     plugin_events,
@@ -169,21 +170,10 @@ def test_adopting_the_reference_driver_from_its_own_traffic(
     # 1. The driver as it runs today: its chart's RBAC, straight to an apiserver recording with
     # the page's audit policy.
     url, log = real_cluster.another_apiserver("audited-apiserver", doc_audit_policy())
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+    role = {"apiVersion": f"{_RBAC_GROUP}/v1", "kind": "ClusterRole",
             "metadata": {"name": CHART_ROLE}, "rules": chart_rules()}  # fmt: skip
     ensure(admin, f"{_RBAC}/clusterroles", role)
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": CHART_ROLE},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": CHART_ROLE,
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
-    }
-    ensure(admin, f"{_RBAC}/clusterrolebindings", binding)
+    bind_cluster_role(real_cluster, CHART_ROLE, (NAMESPACE, ACCOUNT))
     direct_server = (int(url.rsplit(":", 1)[1]), str(real_cluster.ca_file))
 
     def direct(**env: str) -> Plugin:

@@ -8,14 +8,15 @@ first request of each kind and verb the policy allows, the oversteps a reviewer 
 from __future__ import annotations
 
 import copy
-import textwrap
 from typing import Any
 
 import yaml
 
+from gatekeeper.audit.tools.generate._entries import note_lines
 from gatekeeper.audit.tools.generate._examples import PER_KIND, Example, Examples
 from gatekeeper.audit.tools.generate._observe import is_kind_object
 from gatekeeper.audit.tools.generate._oversteps import Case, oversteps, token_elsewhere
+from gatekeeper.audit.tools.generate._policy import Dumper
 from gatekeeper.audit.tools.replay import method_of, patch_type
 from gatekeeper.policy import KindRule, KindSpec, Policy
 
@@ -76,7 +77,7 @@ def generate_tests(examples: Examples, policy: Policy, *, policy_ref: str, sourc
     others = sorted(set(examples.by_node) - {node})
     doc = {"policy": policy_ref, "node": node, "cases": [c for _, c in allowed] + refused}
     return _header(source, node, others, notes) + yaml.dump(
-        doc, Dumper=_Dumper, sort_keys=False, width=100
+        doc, Dumper=Dumper, sort_keys=False, width=100
     )
 
 
@@ -198,19 +199,5 @@ def _header(source: str, node: str, others: list[str], notes: list[str]) -> str:
     if others:
         lines.append(f"# Not cases: the requests of other nodes ({', '.join(others)}).")
     for note in notes:
-        lines += textwrap.wrap(
-            note,
-            width=100,
-            initial_indent="# NOT A CASE: ",
-            subsequent_indent="#   ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
+        lines += note_lines("NOT A CASE", note)
     return "\n".join(lines) + "\n"
-
-
-class _Dumper(yaml.SafeDumper):
-    """Objects written out where they are used (no anchors: each case reads alone)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
