@@ -218,6 +218,12 @@ def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:
         cases = generate_tests(examples, policy, policy_ref=policy_ref, source=source)
         if cases:
             _write(tests, cases)
+        else:
+            print(
+                f"{_PROG} generate: no tests written to {tests}: the log holds no allowed "
+                "request with what a case needs (bodies, stored objects)",
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -201,6 +201,15 @@ def test_the_test_file_goes_beside_the_policy(tmp_path: Path) -> None:
     assert asyncio.run(_run(elsewhere))[0][1]  # the case passes from there
     code, out = _audit(["generate", "--tests", str(elsewhere), str(log)])
     assert code == 2 and "--tests needs -o FILE" in out, out
+    # A log whose requests no case can be made of (Metadata: a create without its body): the
+    # policy, and no test file, said so.
+    bodiless = tmp_path / "bodiless"
+    bodiless.mkdir()
+    log.write_text(json.dumps(_gatekeeper_event("create", SLICES)) + "\n")
+    code, out = _audit(["generate", "-o", str(bodiless / "p.yaml"), str(log)])
+    assert code == 0, out
+    assert sorted(p.name for p in bodiless.iterdir()) == ["p.yaml"]
+    assert "no tests written" in out, out
 
 
 def _gatekeeper_event(verb: str, uri: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from gatekeeper.codec.jsonpath import MISSING, FieldPath, get_field, set_field
 from gatekeeper.codec.selectors import parse_field_selector
 from gatekeeper.policy import Field, KindRule, KindSpec, VersionSpec
-from gatekeeper.policy.model import ListSelectorMode
+from gatekeeper.policy.model import POOL_SEPARATORS, ListSelectorMode
 from gatekeeper.request.requestinfo import RequestInfo, parse_request
 
 __all__ = ["Overstep", "oversteps", "token_elsewhere"]
@@ -52,11 +52,10 @@ def token_elsewhere(case: Case, node: str) -> Overstep | None:
 
 def oversteps(case: Case, entry: KindSpec, verb: str, node: str, driver: str) -> list[Overstep]:
     """The refused variants of the allowed ``case`` of ``verb`` under ``entry``'s rule."""
-    request = case["request"]
-    version = _version(request["path"], entry)
-    if version is None:
+    version = parse_request("GET", case["request"]["path"]).api_version
+    spec = entry.versions.get(version)
+    if spec is None:
         return []
-    spec = entry.versions[version]
     where = _Where(node, driver, spec, entry)
     make = _BY_RULE.get(entry.rule)
     return list(make(case, verb, where)) if make is not None else []
@@ -89,7 +88,7 @@ class _Where:
     def _moved(self, value: str) -> str | None:
         if value == self.node:
             return self.other_node
-        if any(value.startswith(self.node + sep) for sep in ("/", "-", ".")):
+        if any(value.startswith(self.node + sep) for sep in POOL_SEPARATORS):
             return self.other_node + value[len(self.node) :]
         return None
 
@@ -179,10 +178,10 @@ def _other_entry(case: Case, body: Case, stored: Case, where: _Where) -> Iterato
     for obj, state in ((before, "before"), (after, "after")):
         devices = get_field(obj, allocation.devices)
         listed = list(devices) if isinstance(devices, list) else []
-        mine = dict(entry)
-        set_field(mine, allocation.device_driver, where.other_driver)
-        mine["data"] = {"state": state}
-        set_field(obj, allocation.devices, [*listed, mine])
+        theirs = dict(entry)
+        set_field(theirs, allocation.device_driver, where.other_driver)
+        theirs["data"] = {"state": state}
+        set_field(obj, allocation.devices, [*listed, theirs])
     refused = _with_existing(case, before)
     refused["request"]["body"] = after
     yield "changing another driver's status entry", refused
@@ -252,12 +251,6 @@ _BY_RULE: dict[KindRule, Callable[[Case, str, _Where], Iterator[Overstep]]] = {
     KindRule.CEL: _cel,
 }
 """Rule DriverCredentials has none: the apiserver's RBAC for the driver decides."""
-
-
-def _version(path: str, entry: KindSpec) -> str | None:
-    parts = path.split("/")
-    version = parts[3] if parts[1] == "apis" and len(parts) > 3 else parts[2]
-    return version if version in entry.versions else None
 
 
 def _refused(case: Case, code: int | None) -> Case:
