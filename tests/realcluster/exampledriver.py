@@ -40,9 +40,9 @@ __all__ = [
     "PluginError",
     "Refused",
     "account_of",
-    "apiserver_calls",
     "apply_deployment",
     "bind_cluster_role",
+    "calls_of",
     "chart_env",
     "chart_rules",
     "deploy_gatekeeper",
@@ -113,7 +113,11 @@ class Plugin:
                 stderr=subprocess.STDOUT,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.env},
             )
-        poll("the plugin's registration socket", self._registered, timeout=60)
+        try:
+            poll("the plugin's registration socket", self._registered, timeout=60)
+        except BaseException:
+            self.stop()
+            raise
 
     def _registered(self) -> bool:
         if self.process.poll() is not None:
@@ -304,7 +308,7 @@ def refusals(events: Iterable[dict[str, Any]]) -> list[Refused]:
     ]
 
 
-def apiserver_calls(events: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str, str, str]]:
+def calls_of(events: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str, str, str]]:
     """(verb, resource[/subresource], apiVersion, request encoding) of each event."""
     for event in events:
         ref = event.get("objectRef", {})

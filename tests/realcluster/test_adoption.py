@@ -39,7 +39,7 @@ from tests.realcluster.exampledriver import (
     slices_of,
     start_gatekeeper,
 )
-from tests.realcluster.objects import CLAIMS, GATEKEEPER_NS, allocate_claim, ensure
+from tests.realcluster.objects import CLAIMS, GATEKEEPER_NS, allocate_claim, create_claim, ensure
 from tests.recorded import parse
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "adopting-a-driver.md"
@@ -143,17 +143,7 @@ def _log_events(path: Path, offset: int = 0) -> Iterator[dict[str, Any]]:
 def allocated(real_cluster: RealCluster) -> Iterator[dict[str, Any]]:
     admin = real_cluster.admin
     path = CLAIMS.format(ns="tenant")
-    claim = admin.create(
-        path,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "adopted"},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}
-            },
-        },
-    )
+    claim = create_claim(admin, "tenant", "adopted")
     yield allocate_claim(admin, claim, [(DRIVER, "node-a", "gpu-3")])
     admin.delete(f"{path}/adopted")
 

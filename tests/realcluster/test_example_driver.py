@@ -28,14 +28,20 @@ from tests.realcluster.exampledriver import (
     Plugin,
     Refused,
     account_of,
-    apiserver_calls,
+    calls_of,
     deploy_gatekeeper,
     launch,
     plugin_events,
     refusals,
     slices_of,
 )
-from tests.realcluster.objects import CLAIMS, GATEKEEPER_NS, allocate_claim, ensure
+from tests.realcluster.objects import (
+    CLAIMS,
+    GATEKEEPER_NS,
+    allocate_claim,
+    create_claim,
+    ensure,
+)
 from tests.realcluster.processes import (
     GatekeeperProcess,
     assert_refusals_never_reached,
@@ -112,8 +118,9 @@ class Run:
     kubelet: Kubelet
     mark: int
     provoked: list[str] = field(default_factory=list)
-    """Claims (``namespace/name``) a test asked the plugin to prepare on purpose that are not
-    the driver's: its reads of them are refused as absent, and expected so."""
+    """Claims a test asked the plugin to prepare on purpose that are not the driver's (the ends
+    of their paths, ``/namespaces/<ns>/resourceclaims/<name>``): its reads of them, in every
+    version, are refused as absent, and expected so."""
 
 
 @pytest.fixture
@@ -131,13 +138,9 @@ def honest(setup: Setup, request: pytest.FixtureRequest) -> Iterator[Run]:
     assert events, "the driver made no request through the gatekeeper"
     assert {account_of(event) for event in events} == {DRIVER_USER}
     refused = [r for r in refusals(events) if r.rule != "not-found"]
-    provoked = tuple(
-        f"/namespaces/{ns}/resourceclaims/{name}"
-        for ns, name in map(lambda key: key.split("/"), run.provoked)
-    )
-    assert [r for r in refused if not r.path.endswith(provoked)] == []
+    assert [r for r in refused if not r.path.endswith(tuple(run.provoked))] == []
     assert all((r.code, r.rule) == (404, "not-in-scope") for r in refused), refused
-    assert set(apiserver_calls(events)) <= CALLS
+    assert set(calls_of(events)) <= CALLS
     assert_refusals_never_reached(setup.cluster, setup.gatekeeper, mark)
 
 
@@ -180,19 +183,7 @@ def claim(setup: Setup, name: str, driver: str, node: str = "node-a") -> dict[st
         admin.delete(f"{path}/{name}")
     except ApiError as error:
         assert error.code == 404
-    created = admin.create(
-        path,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "labels": {LABEL: "true"}},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]
-                }
-            },
-        },
-    )
+    created = create_claim(admin, "tenant", name, labels={LABEL: "true"})
     return allocate_claim(admin, created, [(driver, node, "gpu-0")], node=node)
 
 
@@ -233,7 +224,7 @@ def test_a_claim_not_the_drivers_here_is_not_prepared(
     """The kubelet would not ask (it calls the plugins of a claim's own drivers, on its own
     node); whoever can reach the plugin's socket could. The plugin cannot even read the claim."""
     other = claim(setup, f"example-other-{node}", driver, node)
-    honest.provoked.append(f"tenant/{other['metadata']['name']}")
+    honest.provoked.append(f"/namespaces/tenant/resourceclaims/{other['metadata']['name']}")
     answer = honest.kubelet.prepare(other)
     name = other["metadata"]["name"]
     assert f'resourceclaims.resource.k8s.io "{name}" not found' in answer["error"], answer

@@ -19,9 +19,10 @@ from gatekeeper.policy import Field, KindRule, KindSpec, VersionSpec
 from gatekeeper.policy.model import POOL_SEPARATORS, ListSelectorMode
 from gatekeeper.request.requestinfo import RequestInfo, parse_request
 
-__all__ = ["Overstep", "oversteps", "token_elsewhere"]
+__all__ = ["Case", "Overstep", "oversteps", "token_elsewhere"]
 
 Case = dict[str, Any]
+"""One case of a policy-test file, as the file writes it (docs/policy-tests.md)."""
 Overstep = tuple[str, Case]
 """What a case oversteps (its name's end), and the case."""
 
@@ -31,12 +32,12 @@ _HIDDEN = 404
 """A claim not allocated to the caller on this node reads as absent (DESIGN §4.3)."""
 
 
-def other_node(node: str) -> str:
+def _other_node(node: str) -> str:
     """A node name that is not ``node`` (nor prefixed by it)."""
     return "elsewhere" if not node.startswith("elsewhere") else "another-node"
 
 
-def other_driver(driver: str) -> str:
+def _other_driver(driver: str) -> str:
     return _OTHER_DRIVER[driver == _OTHER_DRIVER[0]]
 
 
@@ -46,7 +47,7 @@ def token_elsewhere(case: Case, node: str) -> Overstep | None:
     if not token or "pod" not in token:
         return None
     refused = _refused(case, 403)
-    refused["token"] = {**token, "node": other_node(node)}
+    refused["token"] = {**token, "node": _other_node(node)}
     return "with a token of a pod on another node", refused
 
 
@@ -66,7 +67,7 @@ class _Where:
 
     def __init__(self, node: str, driver: str, spec: VersionSpec, entry: KindSpec) -> None:
         self.node, self.driver = node, driver
-        self.other_node, self.other_driver = other_node(node), other_driver(driver)
+        self.other_node, self.other_driver = _other_node(node), _other_driver(driver)
         self.spec, self.entry = spec, entry
 
     def elsewhere(self, obj: Any, under: FieldPath) -> Any:
