@@ -83,13 +83,14 @@ def _reason(plan: Plan, *, read: bool) -> str:
 
 
 def _get(plan: Plan, current: KubeObject) -> Decision:
+    if plan.answer_from_fetch:
+        # The object checked is the answer: a second read could return another object
+        # (deleted and re-created by someone else in between) unchecked, and costs the
+        # apiserver a request.
+        return answered(ANSWERED_FROM_READ, 200, current)
     if plan.owner.hidden:
         # Forwarded, and its answer filtered again: the object may change in between.
         return allow(_reason(plan, read=True), plan.info, filter=_filter(plan))
-    if plan.answer_from_fetch:
-        # The object checked is the answer: a second read could return another object
-        # (deleted and re-created by someone else in between) unchecked.
-        return answered(ANSWERED_FROM_READ, 200, current)
     return allow(_reason(plan, read=True), plan.info)
 
 
