@@ -18,9 +18,9 @@ from typing import Any, Final
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.encoded import encoded_preview
 from gatekeeper.policy.engine import Engine
-from gatekeeper.policy.integrity import stored_resource_version
-from gatekeeper.policy.patching import PatchError, pin_patch
+from gatekeeper.policy.model import KindRule
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.stored import predict
 from gatekeeper.request.encoded import EncodedBody
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import Identity, KubeObject
@@ -90,31 +90,33 @@ def conversation(
         assert fetched is None or isinstance(fetched, dict)
         current = fetched
     proposed: Preview | None = None
-    if (preview := preview_of(plan, body, current)) is not None:
+    preview = preview_of(plan, body, current)
+    if isinstance(preview, Decision):
+        return preview
+    if preview is not None:
         answered = yield preview
         assert isinstance(answered, Preview)
         proposed = answered
     return engine.decide(plan, body, current, proposed)
 
 
-def preview_of(plan: Plan, body: Any, current: KubeObject | None) -> Preview | None:
-    """The dry-run request a strategic-merge or apply patch of ``current``, or a body only the
-    apiserver decodes, needs; or None.
+def preview_of(plan: Plan, body: Any, current: KubeObject | None) -> Preview | Decision | None:
+    """The dry-run request a patch of ``current`` decided on the apiserver's result
+    (:func:`~gatekeeper.policy.stored.predict`), or a body only the apiserver decodes, needs;
+    None when none does; or the refusal a patch gets before any dry run.
 
     Only for a stored object the caller may touch: nothing about another driver's object is
-    asked of the apiserver. A patch that cannot be pinned is refused by ``decide``.
+    asked of the apiserver; and nothing ever under the gatekeeper's credentials for a kind
+    forwarded under the driver's own (DESIGN §4.3a: the apiserver decodes and decides it).
     """
+    if plan.kind.rule is KindRule.DRIVER_CREDENTIALS:
+        return None
     if isinstance(body, EncodedBody):
         return encoded_preview(plan, body, current)
-    if not plan.previews or current is None:
+    if plan.info.verb != "patch" or current is None or not plan.owns(current):
         return None
-    if not isinstance(body, dict) or not plan.owns(current):
-        return None
-    try:
-        pinned = pin_patch(plan.media_type, body, stored_resource_version(current))
-    except PatchError:
-        return None
-    return Preview(plan.info, pinned, plan.media_type)
+    predicted = predict(plan, body, current)
+    return predicted if isinstance(predicted, Decision) else predicted.preview
 
 
 def converse(

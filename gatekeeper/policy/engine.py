@@ -17,6 +17,7 @@ from typing import Any
 from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.codec.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.policy.admission import CelContext
+from gatekeeper.policy.changes import maintained_change
 from gatekeeper.policy.claims import CONTINUE_REFUSED, AllocationScope, request_refusal
 from gatekeeper.policy.decision import Decision, allow, deny, forbid
 from gatekeeper.policy.encoded import encoded_decision, encoded_json, unaccepted_encoding
@@ -145,9 +146,10 @@ class Engine:
         """Decide a planned request.
 
         ``current`` is the object read at ``plan.fetch`` (None if absent); ``proposed`` the
-        preview (:func:`~gatekeeper.policy.conversation.preview_of`) of a strategic-merge or
-        apply patch, or of a body only the apiserver decodes, with the upstream's answer
-        (without one, a patch's result is approximated by a merge patch).
+        preview (:func:`~gatekeeper.policy.conversation.preview_of`) of a patch decided on the
+        apiserver's result, or of a body only the apiserver decodes, with the upstream's answer
+        (without one, offline, a patch is decided on its local result:
+        :func:`~gatekeeper.policy.stored.result_of`).
         """
         if plan.kind.rule is KindRule.DRIVER_CREDENTIALS:
             raw = body.raw if isinstance(body, EncodedBody) else body
@@ -160,7 +162,7 @@ class Engine:
         decoded = encoded_json(plan, body, current, proposed)
         if isinstance(decoded, Decision):
             return decoded
-        json_plan = replace(plan, media_type=_JSON)
+        json_plan = replace(plan, media_type=_JSON, decoded=True)
         decision = self._decide_json(json_plan, decoded, current, None)
         if decoded is None:
             return decision
@@ -467,6 +469,10 @@ def _unread_update(plan: Plan, body: Any) -> bool:
     if isinstance(body, EncodedBody):
         return bool(body.resource_version) and body.envelope is not None
     if not isinstance(body, dict) or not requested_resource_version(body):
+        return False
+    if maintained_change(body, {}) is not None:
+        # managedFields (or another apiserver-maintained field) restated: compared with what is
+        # stored, which needs the read.
         return False
     # A node-owned object (no node name, a node selector) is not bound by an immutable name.
     node = get_field(body, version.paths[Field.NODE])

@@ -9,11 +9,12 @@ from typing import Any
 from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.policy.admission import DELETE, operation_of
 from gatekeeper.policy.decision import Decision, allow, answered, forbid, not_found
-from gatekeeper.policy.integrity import body_shape, patch_result, pin_delete, pinned_update
+from gatekeeper.policy.integrity import body_shape, pin_delete, pinned_update
 from gatekeeper.policy.model import KindRule
 from gatekeeper.policy.ownership import fill_missing
 from gatekeeper.policy.patching import APPLY
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.stored import maintained_refusal, predict, result_of
 from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
@@ -106,6 +107,12 @@ def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
     if refusal := body_shape(info, kind, body):
         return refusal
     assert isinstance(body, dict)
+    # An update not read (plan.unread) was accepted as such only without any of them set.
+    over = {} if current is None and plan.unread else current
+    if not plan.decoded and (refusal := maintained_refusal(plan, body, over)):
+        # SECURITY: DESIGN §4.4 — managedFields and the rest change only by the apiserver's
+        # own bookkeeping (a decoded body's are the apiserver's: encoded.py).
+        return refusal
     body = fill_missing(kind, version, body, plan.driver, plan.node_name)
     name = get_field(body, ("metadata", "name")) or None
     if problem := plan.owner.written(body, current):
@@ -122,11 +129,17 @@ def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
 
 
 def _patch(plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None) -> Decision:
+    """A patch, decided on its one prediction (:mod:`gatekeeper.policy.stored`): the result
+    computed here or the apiserver's dry run, as it chose."""
     info = plan.info
-    prepared = patch_result(info, plan.kind, patch, current, plan.media_type, proposed)
-    if isinstance(prepared, Decision):
-        return prepared
-    result, pinned = prepared
+    stored = predict(plan, patch, current)
+    if isinstance(stored, Decision):
+        return stored
+    result = result_of(stored, proposed, current)
+    if isinstance(result, Decision):
+        return result
+    if refusal := body_shape(info, plan.kind, result):
+        return refusal
     if problem := plan.owner.written(result, current):
         return forbid(plan.driver, info, problem.prefixed("after the patch, "))
     refusal = plan.context.refusal(
@@ -134,7 +147,7 @@ def _patch(plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None
     )
     if refusal:
         return refusal
-    return allow(_reason(plan, read=False), info, pinned, plan.media_type)
+    return allow(_reason(plan, read=False), info, stored.pinned, plan.media_type)
 
 
 def _scoped(plan: Plan) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import pytest
 
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine
-from gatekeeper.policy.claims import first_difference
+from gatekeeper.policy.changes import first_difference
 from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH
@@ -258,7 +258,12 @@ WRITES = [
         None,
     ),
     ("no-change", STORED, None),
-    ("drop-server-fields", changed(("metadata", "managedFields"), [{"manager": "x"}]), None),
+    # The apiserver's own bookkeeping: a driver's write neither forges nor clears it.
+    (
+        "set-managed-fields",
+        changed(("metadata", "managedFields"), [{"manager": "x"}]),
+        "metadata.managedFields is maintained by the apiserver",
+    ),
     (
         "add-other-driver-entry",
         with_status(STORED, devices=[entry(NIC.driver, "dev-1"), entry(NIC.driver, "dev-9")]),

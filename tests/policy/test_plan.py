@@ -62,9 +62,8 @@ def test_requests_settled_on_their_own_need_no_plan() -> None:
 def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
     patch = {"metadata": {"labels": {"a": "b"}}}
     planned = plan("PATCH", SLICE, media_type)
-    assert planned.previews
     preview = preview_of(planned, patch, stored())
-    assert preview is not None
+    assert isinstance(preview, Preview)
     assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
     assert preview.media_type == media_type
     assert preview.target.target == SLICE
@@ -79,17 +78,21 @@ def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
         (JSON_PATCH, [], stored()),
         (STRATEGIC_MERGE, {}, None),
         (STRATEGIC_MERGE, {}, stored(NIC)),
-        (STRATEGIC_MERGE, [], stored()),
-        (STRATEGIC_MERGE, {"metadata": "x"}, stored()),
     ],
-    ids=["merge", "json", "absent", "not-the-callers", "not-an-object", "unpinnable"],
+    ids=["merge-computed", "json-computed", "absent", "not-the-callers"],
 )
 def test_no_preview_where_none_is_needed_or_allowed(
     media_type: str, patch: Any, current: Any
 ) -> None:
-    planned = plan("PATCH", SLICE, media_type)
-    assert planned.previews is (media_type == STRATEGIC_MERGE)
-    assert preview_of(planned, patch, current) is None
+    assert preview_of(plan("PATCH", SLICE, media_type), patch, current) is None
+
+
+@pytest.mark.parametrize(
+    ("patch", "code"), [([], 400), ({"metadata": "x"}, 422)], ids=["not-an-object", "unpinnable"]
+)
+def test_a_patch_that_cannot_be_pinned_is_refused_before_any_dry_run(patch: Any, code: int) -> None:
+    refused = preview_of(plan("PATCH", SLICE, STRATEGIC_MERGE), patch, stored())
+    assert isinstance(refused, Decision) and (refused.allowed, refused.code) == (False, code)
 
 
 def test_a_preview_carries_the_upstreams_answer() -> None:

@@ -206,9 +206,14 @@ def _object_path(info: RequestInfo) -> str:
 
 def _aligned(current: KubeObject, body: Any) -> KubeObject:
     """``current`` with the resourceVersion/uid the request named: the log cannot show a
-    concurrent change, so the replay does not invent a conflict."""
+    concurrent change, so the replay does not invent a conflict. Likewise the managedFields an
+    update restates, when ``current`` (rebuilt from a request body) shows none."""
     asked = _asked_preconditions(body)
     meta = current.get("metadata", {})
+    restated = body.get("metadata") if isinstance(body, Mapping) else None
+    managed = restated.get("managedFields") if isinstance(restated, Mapping) else None
+    if isinstance(managed, list) and isinstance(meta, Mapping) and "managedFields" not in meta:
+        asked["managedFields"] = managed
     if all(meta.get(key) == value for key, value in asked.items()):
         return current
     aligned = copy.deepcopy(current)
@@ -216,8 +221,8 @@ def _aligned(current: KubeObject, body: Any) -> KubeObject:
     return aligned
 
 
-def _asked_preconditions(body: Any) -> dict[str, str]:
-    asked: dict[str, str] = {}
+def _asked_preconditions(body: Any) -> dict[str, Any]:
+    asked: dict[str, Any] = {}
     if isinstance(body, list):
         for op in body:
             if (
