@@ -48,10 +48,7 @@ from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.rule import Rule
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
-
-METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
-"""The apiserver's 405 message (recording 199: POST to a named path)."""
+__all__ = ["ANSWERED_FROM_READ", "Engine"]
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
@@ -362,13 +359,6 @@ class Engine:
             return forbid(driver, info, why, rule=Rule.VERB_NOT_ALLOWED)
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (refused := request_refusal(info)):
             return forbid(driver, info, refused, rule=Rule.STATUS_SUBRESOURCE_ONLY)
-        if info.verb == "create" and info.name and not info.subresource:
-            # A POST to a named path: the apiserver routes no create there (recording 199).
-            return replace(
-                deny(405, f"{info.method} to a named {kind.qualified} path"),
-                message=METHOD_NOT_ALLOWED,
-                details={},
-            )
         return None
 
     def _collection(self, plan: Plan) -> Decision:
