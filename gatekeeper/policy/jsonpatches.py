@@ -21,6 +21,7 @@ no value nested deeper than :data:`~gatekeeper.codec.jsonbounds.MAX_OBJECT_DEPTH
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -43,9 +44,10 @@ memory move of the array's tail; an honest patch shifts a few hundred)."""
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 _ESCAPE = re.compile(r"~[01]")
-# Go's encoder writes <, > and & as \u003c, \u003e, \u0026 and U+2028/9 as \u2028/9.
-_HTML = (b"<", b">", b"&")
-_SEPARATORS = ("\u2028".encode(), "\u2029".encode())
+_HTML = ("<", ">", "&")
+# Printable ASCII Go writes as it is (neither quote, backslash, <, > nor &).
+_PLAIN = re.compile(r'[ !#-%\'-;=?-\[\]-~]*')
+_SEPARATORS = ("\u2028", "\u2029")
 _MISSING_PATH = "doc is missing path"
 
 _Container = dict[str, Any] | list[Any]
@@ -181,18 +183,19 @@ class _State:
         value = self._get(parent, key, "copy")
         path = _path(op, "path")
         self._find(path, "copy")  # the destination's container exists before anything is copied
-        if value is not None:
-            encoded = jsoncodec.dumps(value)
-            self.copied += _go_size(encoded)
-            if self.copied > MAX_COPY_BYTES:
-                # SECURITY: docs/security.md "What the apiserver will store" — counted before the
-                # copy is made: 30 doubling copies are refused at the apiserver's own limit.
-                raise PatchError(
-                    "Unable to complete the copy, the accumulated size increase of copy is "
-                    f"{self.copied}, exceeding the limit {MAX_COPY_BYTES}"
-                )
-            value = self._deep_enough(jsoncodec.loads(encoded), path)
-        self._add(path, value, copy=False)
+        # SECURITY: docs/security.md "What the apiserver will store" — each copy is counted as it
+        # is made and stopped at the apiserver's own limit: 30 doubling copies never hold more
+        # than it lets them (and strings, immutable, are shared rather than copied).
+        copied, size = _counted_copy(value, MAX_COPY_BYTES - self.copied, _room(path))
+        self.copied += size
+        if copied is _OVER:
+            raise PatchError(
+                "Unable to complete the copy, the accumulated size increase of copy is "
+                f"{self.copied}, exceeding the limit {MAX_COPY_BYTES}"
+            )
+        if copied is _TOO_DEEP:
+            raise PatchError(_too_deep(path))
+        self._add(path, copied, copy=False)
 
     def _test(self, op: dict[str, Any]) -> None:
         path = _path(op, "path")
@@ -215,12 +218,8 @@ class _State:
         return self._deep_enough(jsoncodec.loads(jsoncodec.dumps(value)), path)
 
     def _deep_enough(self, value: Any, path: str) -> Any:
-        room = MAX_OBJECT_DEPTH - path.count("/")
-        if isinstance(value, dict | list) and not within_depth(value, max(room, 0)):
-            raise PatchError(
-                f'the value at "{path}" would nest the object more than {MAX_OBJECT_DEPTH} '
-                "levels deep"
-            )
+        if isinstance(value, dict | list) and not within_depth(value, _room(path)):
+            raise PatchError(_too_deep(path))
         return value
 
     def _shift(self, elements: int) -> None:
@@ -275,11 +274,63 @@ def _copy(document: Any) -> Any:
     return jsoncodec.loads(jsoncodec.dumps(document))
 
 
-def _go_size(encoded: bytes) -> int:
-    """The length of Go's json.Marshal of the value ``encoded`` holds (it escapes <, >, & and
-    the two line separators, which orjson writes as they are)."""
-    extra = 5 * sum(encoded.count(char) for char in _HTML)
-    return len(encoded) + extra + 3 * sum(encoded.count(sep) for sep in _SEPARATORS)
+_OVER, _TOO_DEEP = object(), object()
+
+
+def _room(path: str) -> int:
+    """How many levels a value added at ``path`` may nest."""
+    return max(MAX_OBJECT_DEPTH - path.count("/"), 0)
+
+
+def _too_deep(path: str) -> str:
+    return f'the value at "{path}" would nest the object more than {MAX_OBJECT_DEPTH} levels deep'
+
+
+def _counted_copy(value: Any, budget: int, room: int) -> tuple[Any, int]:
+    """A copy of ``value``'s containers (its scalars, immutable, shared) and the length of Go's
+    json.Marshal of it, made in one pass that stops as soon as the length passes ``budget``
+    (:data:`_OVER`) or the nesting passes ``room`` (:data:`_TOO_DEEP`)."""
+    holder: list[Any] = [None]
+    size = 0
+    pending: list[tuple[Any, Any, Any, int]] = [(value, holder, 0, 1)]
+    while pending:
+        item, parent, key, depth = pending.pop()
+        if isinstance(item, dict):
+            if depth > room:
+                return _TOO_DEEP, size
+            copied: Any = dict.fromkeys(item)
+            commas = max(len(item) - 1, 0)
+            size += 2 + len(item) + commas + sum(_scalar_size(name) for name in item)
+            pending.extend((child, copied, name, depth + 1) for name, child in item.items())
+        elif isinstance(item, list):
+            if depth > room:
+                return _TOO_DEEP, size
+            copied = [None] * len(item)
+            size += 2 + max(len(item) - 1, 0)
+            pending.extend((child, copied, index, depth + 1) for index, child in enumerate(item))
+        else:
+            copied = item
+            size += _scalar_size(item)
+        parent[key] = copied
+        if size > budget:
+            return _OVER, size
+    return holder[0], size
+
+
+def _scalar_size(value: Any) -> int:
+    """The length of Go's encoding of a JSON scalar: it writes <, > and & as \\u003c etc. and the
+    two line separators as \\u2028/9, which the standard library's encoder writes as they are."""
+    if isinstance(value, str):
+        if _PLAIN.fullmatch(value):
+            return len(value) + 2  # the common case, in C: nothing escaped, one byte a character
+        text = json.dumps(value, ensure_ascii=False)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        return size + 5 * sum(map(text.count, _HTML)) + 3 * sum(map(text.count, _SEPARATORS))
+    if value is None or isinstance(value, bool):
+        return 5 if value is False else 4  # null, true, false
+    if isinstance(value, int):
+        return len(str(value))
+    return len(json.dumps(value))
 
 
 def _equal(stored: Any, value: Any) -> bool:

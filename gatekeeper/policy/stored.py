@@ -85,6 +85,10 @@ def predict(plan: Plan, patch: Any, current: KubeObject) -> Decision | Stored:
         if problem := maintained_change(patch, current) or scope_violation(plan, patch, current):
             return forbid(plan.driver, info, problem)
         return Stored(pinned, None, Preview(info, pinned, plan.media_type))
+    if conflict := stale_conflict(info, kind, requested_resource_version(local), stored_rv):
+        # A JSON patch may set the resourceVersion after its pin: the write would be asked
+        # on a version the gatekeeper never checked (a number: 409; anything else: 500).
+        return conflict
     if problem := maintained_change(local, current):
         return forbid(plan.driver, info, problem.prefixed("after the patch, "))
     if refusal := body_shape(info, kind, local):
