@@ -5,9 +5,12 @@ corpus replay and the real tier's patch oracle."""
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision, Engine
@@ -147,3 +150,107 @@ def pod(**labels: str) -> KubeObject:
         },
         "spec": {"nodeName": NODE, "containers": [{"name": "plugin", "image": "driver:1"}]},
     }
+
+
+def _entry(manager: str, api_version: str = "v1") -> dict[str, Any]:
+    return {"manager": manager, "operation": "Update", "apiVersion": api_version,
+            "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:labels": {}}}}  # fmt: skip
+
+
+def resource_slice(**spec: Any) -> KubeObject:
+    """The GPU driver's slice of pool node-a/oracle (``spec`` overrides)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "oracle-node-a", "resourceVersion": "7",
+                     "managedFields": [_entry("dradriver", "resource.k8s.io/v1")]},
+        "spec": {
+            "driver": "gpu.example.com",
+            "nodeName": NODE,
+            "pool": {"name": "node-a/oracle", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "a100"}}},
+                        {"name": "gpu-1"}],
+            **spec,
+        },
+    }  # fmt: skip
+
+
+def claim() -> KubeObject:
+    """oracle-claim, allocated to the GPU and NIC drivers on node-a, with a status entry each."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+
+    def entry(driver: str, device: str) -> dict[str, Any]:
+        return {"driver": driver, "pool": "node-a/oracle", "device": device,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Up", "message": "",
+                                "lastTransitionTime": "2026-12-01T10:00:00Z"}]}  # fmt: skip
+
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "oracle-claim", "namespace": "tenant", "resourceVersion": "30",
+                     "labels": {"test": "realcluster"}},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [
+                    {"request": "gpu", "driver": d, "pool": "node-a/oracle", "device": dev}
+                    for d, dev in (("gpu.example.com", "gpu-0"), ("nic.example.com", "nic-0"))]},
+                "nodeSelector": {"nodeSelectorTerms": [term]},
+            },
+            "devices": [entry("nic.example.com", "nic-0"), entry("gpu.example.com", "gpu-0")],
+        },
+    }  # fmt: skip
+
+
+def taint_rule(driver: str = "gpu.example.com", pool: str = "node-a/oracle") -> KubeObject:
+    """oracle-mine: a DeviceTaintRule in the GPU driver's scope on node-a (by default)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "oracle-mine", "resourceVersion": "9"},
+        "spec": {
+            "deviceSelector": {"driver": driver, "pool": pool},
+            "taint": {"key": "gpu.example.com/unhealthy", "effect": "NoSchedule"},
+        },
+    }
+
+
+TARGETS: dict[str, tuple[str, KubeObject]] = {
+    "node": (NODE_PATH, node()),
+    "pod": (POD_PATH, pod()),
+    "slice": ("/apis/resource.k8s.io/v1/resourceslices/oracle-node-a", resource_slice()),
+    "claim-status": (CLAIM_STATUS_PATH.format(namespace="tenant", name="oracle-claim"), claim()),
+    "taint-rule": (TAINT_RULE_PATH.format(name="oracle-mine"), taint_rule()),
+}
+"""The stored objects the patch corpus and the real tier's oracle patch, by target name."""
+
+
+CORPUS_ENTRIES: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parents[1] / "corpus" / "patches" / "divergences.yaml").read_text()
+)
+"""The corpus of patches the gatekeeper once read otherwise than the apiserver stores them."""
+
+
+def corpus_raw(entry: dict[str, Any]) -> bytes:
+    """What is sent for a corpus entry, byte for byte."""
+    if "raw" in entry:
+        return str(entry["raw"]).encode()
+    if entry.get("generate") == "doubling":
+        # Issue 39's patch: each copy doubles the pool (2 KB of patch).
+        ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/pool/blob", "value": "x" * 300}]
+        ops += [{"op": "copy", "from": "/spec/pool", "path": f"/spec/pool/c{i}"} for i in range(30)]
+        return json.dumps(ops, separators=(",", ":")).encode()
+    return json.dumps(entry["patch"]).encode()
+
+
+def value_at(obj: Any, path: list[Any]) -> Any:
+    """The value at ``path`` (member names and list indexes); None where there is none."""
+    for step in path:
+        if isinstance(obj, dict):
+            obj = obj.get(step)
+        elif isinstance(obj, list) and isinstance(step, int) and step < len(obj):
+            obj = obj[step]
+        else:
+            return None
+    return obj
