@@ -30,12 +30,11 @@ __all__ = ["doubling", "measure"]
 _JSON_PATCH = "application/json-patch+json"
 
 
-def doubling(copies: int) -> list[dict[str, Any]]:
-    """Issue 39's patch: 300 bytes, then ``copies`` copies of the pool into itself."""
-    ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/pool/blob", "value": "x" * 300}]
-    return ops + [
-        {"op": "copy", "from": "/spec/pool", "path": f"/spec/pool/c{i}"} for i in range(copies)
-    ]
+def doubling(copies: int, under: str = "/spec/pool") -> list[dict[str, Any]]:
+    """Issue 39's patch: 300 bytes added to the object at ``under``, then ``copies`` copies of
+    that object into itself, each doubling it (2 KB of patch for 30)."""
+    ops: list[dict[str, Any]] = [{"op": "add", "path": f"{under}/blob", "value": "x" * 300}]
+    return ops + [{"op": "copy", "from": under, "path": f"{under}/c{i}"} for i in range(copies)]
 
 
 def _timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float]:

@@ -165,8 +165,8 @@ def _brought_managed_fields(body: EncodedBody, decoded: KubeObject) -> str | Non
         return None
     return (
         "metadata.managedFields is maintained by the apiserver (it changes only as the "
-        f"apiserver's own record of a permitted write): the CBOR body brings {len(entries) - 1} "
-        "entries of its own"
+        f"apiserver's own record of a permitted write): the CBOR body brings entries of its own "
+        f"({len(entries)} in its dry run, where a create makes one, the writer's)"
     )
 
 

@@ -46,7 +46,7 @@ _INDEX = re.compile(r"0|[1-9][0-9]*")
 _ESCAPE = re.compile(r"~[01]")
 _HTML = ("<", ">", "&")
 # Printable ASCII Go writes as it is (neither quote, backslash, <, > nor &).
-_PLAIN = re.compile(r'[ !#-%\'-;=?-\[\]-~]*')
+_PLAIN = re.compile(r"[ !#-%\'-;=?-\[\]-~]*")
 _SEPARATORS = ("\u2028", "\u2029")
 _MISSING_PATH = "doc is missing path"
 

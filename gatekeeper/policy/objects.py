@@ -107,7 +107,7 @@ def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
     if refusal := body_shape(info, kind, body):
         return refusal
     assert isinstance(body, dict)
-    # An update not read (plan.unread) was accepted as such only without any of them set.
+    # An update decided without a read (plan.unread) sets none of them (engine._unread_update).
     over = {} if current is None and plan.unread else current
     if not plan.decoded and (refusal := maintained_refusal(plan, body, over)):
         # SECURITY: DESIGN §4.4 — managedFields and the rest change only by the apiserver's

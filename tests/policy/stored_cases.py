@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bench.patch_bench import doubling
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision, Engine
 from gatekeeper.policy.conversation import conversation, converse
@@ -237,14 +239,11 @@ def corpus_raw(entry: dict[str, Any]) -> bytes:
     if "raw" in entry:
         return str(entry["raw"]).encode()
     if entry.get("generate") == "doubling":
-        # Issue 39's patch: each copy doubles the pool (2 KB of patch).
-        ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/pool/blob", "value": "x" * 300}]
-        ops += [{"op": "copy", "from": "/spec/pool", "path": f"/spec/pool/c{i}"} for i in range(30)]
-        return json.dumps(ops, separators=(",", ":")).encode()
+        return json.dumps(doubling(30), separators=(",", ":")).encode()
     return json.dumps(entry["patch"]).encode()
 
 
-def value_at(obj: Any, path: list[Any]) -> Any:
+def value_at(obj: Any, path: Sequence[Any]) -> Any:
     """The value at ``path`` (member names and list indexes); None where there is none."""
     for step in path:
         if isinstance(obj, dict):

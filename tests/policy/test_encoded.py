@@ -210,3 +210,45 @@ def test_claim_status_update_is_decided_by_the_claim_rule() -> None:
     assert ok.forwards
     refused, _ = run("PUT", f"{CLAIM}/status", claim_body, allocated, (200, theirs))
     assert refused.code == 403 and "status.devices" in refused.message
+
+
+# --- fields only the apiserver maintains (issue 39) -----------------------------------------------
+
+MANAGED = field(17, field(1, "kubelet") + field(2, "Apply") + field(3, "v1"))
+
+
+def test_a_protobuf_body_goes_upstream_without_managed_fields_or_generation() -> None:
+    """ObjectMeta's managedFields (17) and generation (7) are cut from the bytes previewed and
+    forwarded: the apiserver then keeps its own, as it does for a body that leaves them out."""
+    plain = encoded()
+    forged = read_encoded(
+        body(META + MANAGED + field(7, b"\x09"), rest=SPEC), PROTOBUF, "create"
+    )  # fmt: skip
+    assert isinstance(forged, EncodedBody)
+    decision, preview = run("POST", SLICES, forged, None, (201, stored(slice_json())))
+    assert preview is not None and preview.body == plain.raw
+    assert decision.forwards and decision.body == plain.raw
+    # A body without them goes as the driver sent it, byte for byte.
+    _, honest = run("POST", SLICES, plain, None, (201, stored(slice_json())))
+    assert honest is not None and honest.body is plain.raw
+
+
+def entry(manager: str) -> dict[str, Any]:
+    return {"manager": manager, "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+            "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize(("entries", "allowed"), [(1, True), (2, False)], ids=["writer", "brought"])
+def test_a_cbor_create_may_not_bring_managed_fields(entries: int, allowed: bool) -> None:
+    """CBOR bytes have no codec here to cut them from: the dry run shows what the body brought."""
+    payload = EncodedBody(b"\xd9\xd9\xf7\xa0", CBOR)
+    answer = stored(slice_json())
+    answer["metadata"]["managedFields"] = [entry(f"m{i}") for i in range(entries)]
+    decision, preview = run("POST", SLICES, payload, None, (201, answer))
+    assert preview is not None
+    assert decision.allowed is allowed
+    if not allowed:
+        assert (
+            decision.code == 403
+            and "brings entries of its own (2 in its dry run" in decision.message
+        )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.patch_bench import doubling
 from gatekeeper.policy.jsonpatches import MAX_COPY_BYTES, MAX_OPERATIONS, apply_json_patch
 from gatekeeper.policy.patching import PatchError
 
@@ -148,16 +149,9 @@ def test_more_operations_than_the_apiserver_takes_are_refused_before_any_is_appl
     )
 
 
-def doubling(copies: int, seed: int = 64) -> list[dict[str, Any]]:
-    """The patch of issue 39: a value copied into itself, doubling the document each time."""
-    ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/d", "value": {"x": "y" * seed}}]
-    ops += [{"op": "copy", "from": "/spec/d", "path": f"/spec/d/c{i}"} for i in range(copies)]
-    return ops
-
-
 def test_thirty_doubling_copies_stop_at_the_apiservers_copy_limit() -> None:
     with pytest.raises(PatchError) as refused:
-        apply_json_patch(DOC, doubling(30))
+        apply_json_patch(DOC, doubling(30, "/spec/obj"))
     message = str(refused.value)
     assert refused.value.code == 422
     assert message.startswith("Unable to complete the copy, the accumulated size increase of copy")
@@ -168,8 +162,8 @@ def test_thirty_doubling_copies_stop_at_the_apiservers_copy_limit() -> None:
 
 
 def test_copies_within_the_limit_apply() -> None:
-    result = apply_json_patch(DOC, doubling(10))
-    assert len(json.dumps(result["spec"]["d"])) > 64 * 2**10
+    result = apply_json_patch(DOC, doubling(10, "/spec/obj"))
+    assert len(json.dumps(result["spec"]["obj"])) > 300 * 2**10
 
 
 def test_copy_bytes_are_counted_as_go_writes_them() -> None:

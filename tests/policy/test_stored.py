@@ -9,19 +9,22 @@ from typing import Any
 
 import pytest
 
+from bench.patch_bench import doubling
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.rule import Rule
 from tests.policy.stored_cases import (
     NODE_PATH,
     POD_PATH,
-    SLICE_PATH,
-    TAINT_RULE_PATH,
+    TARGETS,
     decide,
     node,
     pod,
+    resource_slice,
+    taint_rule,
 )
 
 ALLOWED = "gpu.example.com/clique"
+SLICE, RULE = TARGETS["slice"][0], TARGETS["taint-rule"][0]
 
 
 def escaped(key: str) -> str:
@@ -101,24 +104,9 @@ def test_a_merge_patch_null_deletes_what_it_names() -> None:
 # --- the choice: computed here, or the apiserver's dry run ---------------------------------------
 
 
-def slice_object(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "node-a-gpus", "resourceVersion": "7"},
-        "spec": {
-            "driver": "gpu.example.com",
-            "nodeName": "node-a",
-            "pool": {"name": "node-a/gpus", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-            **spec,
-        },
-    }
-
-
 def test_a_patch_whose_fields_are_read_exactly_is_decided_here() -> None:
     patch = [add("/spec/devices/-", {"name": "gpu-1"})]
-    outcome = decide(SLICE_PATH.format(name="node-a-gpus"), patch, slice_object(), JSON_PATCH)
+    outcome = decide(SLICE, patch, resource_slice(), JSON_PATCH)
     assert outcome.decision.allowed and not outcome.asked
 
 
@@ -133,26 +121,14 @@ def test_a_patch_whose_fields_are_read_exactly_is_decided_here() -> None:
 )  # fmt: skip
 def test_a_null_left_in_the_result_is_decided_on_the_dry_run(patch: Any, media_type: str) -> None:
     """Go stores a null by its field's type, which only the apiserver knows."""
-    path = SLICE_PATH.format(name="node-a-gpus")
-    answer = slice_object()
-    outcome = decide(path, patch, slice_object(), media_type, answer=answer)
+    path = SLICE
+    answer = resource_slice()
+    outcome = decide(path, patch, resource_slice(), media_type, answer=answer)
     assert outcome.asked and outcome.decision.allowed
     assert outcome.previews[0].body == outcome.decision.body  # the one pinned patch
-    foreign = slice_object(driver="nic.example.com")
-    refused = decide(path, patch, slice_object(), media_type, answer=foreign).decision
+    foreign = resource_slice(driver="nic.example.com")
+    refused = decide(path, patch, resource_slice(), media_type, answer=foreign).decision
     assert refused.code == 403 and "spec.driver" in refused.message
-
-
-def taint_rule(driver: str = "gpu.example.com", pool: str = "node-a/gpus") -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1beta2",
-        "kind": "DeviceTaintRule",
-        "metadata": {"name": "mine", "resourceVersion": "9"},
-        "spec": {
-            "deviceSelector": {"driver": driver, "pool": pool},
-            "taint": {"key": "gpu.example.com/unhealthy", "effect": "NoSchedule"},
-        },
-    }
 
 
 @pytest.mark.parametrize("media_type", [JSON_PATCH, MERGE_PATCH])
@@ -162,7 +138,7 @@ def test_a_patch_cel_reads_is_decided_on_the_apiservers_result(media_type: str) 
         if media_type == JSON_PATCH
         else {"spec": {"taint": {"effect": "NoExecute"}}}
     )
-    path = TAINT_RULE_PATH.format(name="mine")
+    path = RULE
     outcome = decide(path, patch, taint_rule(), media_type, answer=taint_rule())
     assert outcome.asked and outcome.decision.allowed
     # The scope holds on the local result; the apiserver's answer is what is decided on.
@@ -171,7 +147,7 @@ def test_a_patch_cel_reads_is_decided_on_the_apiservers_result(media_type: str) 
 
 
 def test_a_rejected_dry_run_is_the_answer() -> None:
-    path = TAINT_RULE_PATH.format(name="mine")
+    path = RULE
     invalid = {"kind": "Status", "code": 422, "message": "spec.taint.effect: Unsupported value"}
     outcome = decide(path, {"spec": {"taint": {"effect": "Bad"}}}, taint_rule(), MERGE_PATCH,
                      answer=invalid, code=422)  # fmt: skip
@@ -183,7 +159,7 @@ def test_a_rejected_dry_run_is_the_answer() -> None:
 def test_what_the_local_result_refuses_is_refused_before_the_dry_run() -> None:
     patch = [add("/spec/devices/0/attributes", {"model": None}),
              {"op": "replace", "path": "/spec/driver", "value": "nic.example.com"}]  # fmt: skip
-    outcome = decide(SLICE_PATH.format(name="node-a-gpus"), patch, slice_object(), JSON_PATCH)
+    outcome = decide(SLICE, patch, resource_slice(), JSON_PATCH)
     assert outcome.decision.code == 403 and not outcome.asked
     assert "after the patch, spec.driver" in outcome.decision.message
 
@@ -202,9 +178,9 @@ MANAGED_FIELDS = [
      [{"op": "replace", "path": "/metadata/managedFields/0/manager", "value": "x"}], JSON_PATCH),
     ("strategic-forged", NODE_PATH, node(), {"metadata": {"managedFields": FORGED}},
      STRATEGIC_MERGE),
-    ("slice-merge-forged", SLICE_PATH.format(name="node-a-gpus"), slice_object(),
+    ("slice-merge-forged", SLICE, resource_slice(),
      {"metadata": {"managedFields": FORGED}}, MERGE_PATCH),
-    ("cel-kind-json-forged", TAINT_RULE_PATH.format(name="mine"), taint_rule(),
+    ("cel-kind-json-forged", RULE, taint_rule(),
      [add("/metadata/managedFields", FORGED)], JSON_PATCH),
 ]  # fmt: skip
 
@@ -250,8 +226,8 @@ def test_an_update_restates_managed_fields_or_is_refused() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [("managedFields", FORGED), ("generation", 7)])
 def test_a_create_may_not_set_what_the_apiserver_would_keep(field: str, value: Any) -> None:
-    body = slice_object()
-    del body["metadata"]["resourceVersion"]
+    body = resource_slice()
+    del body["metadata"]["resourceVersion"], body["metadata"]["managedFields"]
     body["metadata"][field] = value
     outcome = decide("/apis/resource.k8s.io/v1/resourceslices", body, None, "application/json",
                      method="POST")  # fmt: skip
@@ -278,21 +254,11 @@ def test_fields_the_apiserver_resets_are_not_compared(patch: dict[str, Any]) -> 
 # --- item 0: no patch costs the gatekeeper more than it costs the apiserver ---------------------
 
 
-def doubling(copies: int) -> list[dict[str, Any]]:
-    into = "/metadata/annotations/gpu.example.com~1"
-    ops = [add(into + "big", "x" * 1000)]
-    ops += [
-        {"op": "copy", "from": "/metadata/annotations", "path": f"{into}c{i}"}
-        for i in range(copies)
-    ]
-    return ops
-
-
-@pytest.mark.parametrize("path", [NODE_PATH, TAINT_RULE_PATH.format(name="mine")])
+@pytest.mark.parametrize("path", [NODE_PATH, RULE])
 def test_thirty_doubling_copies_are_refused_at_the_apiservers_limit(path: str) -> None:
     stored = node() if path == NODE_PATH else taint_rule()
-    stored["metadata"].setdefault("annotations", {})
-    outcome = decide(path, doubling(30), stored, JSON_PATCH)
+    under = "/metadata/annotations" if path == NODE_PATH else "/spec/taint"
+    outcome = decide(path, doubling(30, under), stored, JSON_PATCH)
     assert outcome.decision.code == 422 and not outcome.asked
     assert "accumulated size increase of copy" in outcome.decision.message
 

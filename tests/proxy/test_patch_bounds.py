@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
+from bench.patch_bench import doubling
 from gatekeeper.apiserver import APIServer
 from gatekeeper.policy.jsonpatches import MAX_COPY_BYTES
 from gatekeeper.testing.harness import (
@@ -28,15 +28,6 @@ from gatekeeper.testing.harness import (
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 PINNED = f"fieldSelector=spec.nodeName%3D{NODE}%2Cspec.driver%3D{NIC}"
 JSON_PATCH = "application/json-patch+json"
-
-
-def doubling(copies: int) -> list[dict[str, Any]]:
-    """Issue 39's patch: a small value, then ``copies`` copies of the pool into itself."""
-    ops: list[dict[str, Any]] = [
-        {"op": "add", "path": "/spec/pool/blob", "value": "x" * 300},
-    ]
-    ops += [{"op": "copy", "from": "/spec/pool", "path": f"/spec/pool/c{i}"} for i in range(copies)]
-    return ops
 
 
 def peak_rss_kib(pid: int) -> int:

@@ -33,7 +33,7 @@ from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.request.body import decode_json
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.types import Identity
-from tests.policy.stored_cases import CORPUS_ENTRIES, ENGINE, GPU, corpus_raw, decide
+from tests.policy.stored_cases import CORPUS_ENTRIES, ENGINE, GPU, corpus_raw, decide, value_at
 
 __all__ = ["Case", "Tally", "Target", "Verdict", "generate", "judge", "send_all"]
 
@@ -140,18 +140,6 @@ def _paths(obj: Any, prefix: tuple[Any, ...] = (), depth: int = 0) -> Iterator[t
         yield from _paths(value, path, depth + 1)
 
 
-def _at(obj: Any, path: tuple[Any, ...]) -> Any:
-    """The value at ``path`` (member names and list indexes); None where there is none."""
-    for step in path:
-        if (isinstance(obj, dict) and step in obj) or (
-            isinstance(obj, list) and isinstance(step, int) and step < len(obj)
-        ):
-            obj = obj[step]
-        else:
-            return None
-    return obj
-
-
 def _token(rng: random.Random, key: Any) -> str:
     if isinstance(key, int):
         return str(key)
@@ -171,14 +159,14 @@ def _pointer(rng: random.Random, path: tuple[Any, ...]) -> str:
 def _value(rng: random.Random, obj: Any, paths: list[tuple[Any, ...]]) -> Any:
     if paths and rng.random() < 0.2:
         # A value of another field: a type change where it lands.
-        return copy.deepcopy(_at(obj, rng.choice(paths)))
+        return copy.deepcopy(value_at(obj, rng.choice(paths)))
     return copy.deepcopy(rng.choice(VALUES))
 
 
 def _location(rng: random.Random, obj: Any, paths: list[tuple[Any, ...]]) -> str:
     """An existing path, a new member beside one, or an index of a list."""
     path = rng.choice(paths)
-    parent = _at(obj, path[:-1]) if path[:-1] else obj
+    parent = value_at(obj, path[:-1]) if path[:-1] else obj
     roll = rng.random()
     if isinstance(parent, list) and roll < 0.5:
         index = rng.choice(["-", str(len(parent)), str(len(parent) + 1), "01", "-1", "+0", "0"])
@@ -206,7 +194,9 @@ def _json_patch(rng: random.Random, obj: Any, target: str) -> bytes:
             source = rng.choice(paths)
             op["path"] = _pointer(rng, source)
             op["value"] = (
-                copy.deepcopy(_at(obj, source)) if rng.random() < 0.6 else _value(rng, obj, paths)
+                copy.deepcopy(value_at(obj, source))
+                if rng.random() < 0.6
+                else _value(rng, obj, paths)
             )
         elif kind in ("add", "replace") and rng.random() > 0.03:
             op["value"] = _value(rng, obj, paths)
@@ -248,7 +238,7 @@ def _read_fields_json(rng: random.Random, obj: Any, target: str) -> bytes:
     base = rng.choice(_READ[target])
     key = rng.choice(KEYS)
     ops: list[dict[str, Any]] = []
-    current = _at(obj, base)
+    current = value_at(obj, base)
     if isinstance(current, list) and current and rng.random() < 0.5:
         index = rng.randrange(len(current))
         inner = current[index]
