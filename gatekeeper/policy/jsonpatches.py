@@ -21,7 +21,6 @@ no value nested deeper than :data:`~gatekeeper.codec.jsonbounds.MAX_OBJECT_DEPTH
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -44,10 +43,9 @@ memory move of the array's tail; an honest patch shifts a few hundred)."""
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 _ESCAPE = re.compile(r"~[01]")
-_HTML = ("<", ">", "&")
-# Printable ASCII Go writes as it is (neither quote, backslash, <, > nor &).
-_PLAIN = re.compile(r"[ !#-%\'-;=?-\[\]-~]*")
-_SEPARATORS = ("\u2028", "\u2029")
+# Go's encoder writes <, > and & as \\u003c, \\u003e, \\u0026 and U+2028/9 as \\u2028/9.
+_HTML = (b"<", b">", b"&")
+_SEPARATORS = ("\u2028".encode(), "\u2029".encode())
 _MISSING_PATH = "doc is missing path"
 
 _Container = dict[str, Any] | list[Any]
@@ -183,16 +181,16 @@ class _State:
         value = self._get(parent, key, "copy")
         path = _path(op, "path")
         self._find(path, "copy")  # the destination's container exists before anything is copied
-        # SECURITY: docs/security.md "What the apiserver will store" — each copy is counted as it
-        # is made and stopped at the apiserver's own limit: 30 doubling copies never hold more
-        # than it lets them (and strings, immutable, are shared rather than copied).
-        copied, size = _counted_copy(value, MAX_COPY_BYTES - self.copied, _room(path))
-        self.copied += size
-        if copied is _OVER:
+        # SECURITY: docs/security.md "What the apiserver will store" — each copy is counted
+        # before it is made and refused at the apiserver's own limit: 30 doubling copies never
+        # hold more than it lets them (strings, immutable, are shared rather than copied).
+        self.copied += _go_size(jsoncodec.dumps(value)) if value is not None else 0
+        if self.copied > MAX_COPY_BYTES:
             raise PatchError(
                 "Unable to complete the copy, the accumulated size increase of copy is "
                 f"{self.copied}, exceeding the limit {MAX_COPY_BYTES}"
             )
+        copied = _shared_copy(value, _room(path))
         if copied is _TOO_DEEP:
             raise PatchError(_too_deep(path))
         self._add(path, copied, copy=False)
@@ -274,7 +272,7 @@ def _copy(document: Any) -> Any:
     return jsoncodec.loads(jsoncodec.dumps(document))
 
 
-_OVER, _TOO_DEEP = object(), object()
+_TOO_DEEP = object()
 
 
 def _room(path: str) -> int:
@@ -286,51 +284,32 @@ def _too_deep(path: str) -> str:
     return f'the value at "{path}" would nest the object more than {MAX_OBJECT_DEPTH} levels deep'
 
 
-def _counted_copy(value: Any, budget: int, room: int) -> tuple[Any, int]:
-    """A copy of ``value``'s containers (its scalars, immutable, shared) and the length of Go's
-    json.Marshal of it, made in one pass that stops as soon as the length passes ``budget``
-    (:data:`_OVER`) or the nesting passes ``room`` (:data:`_TOO_DEEP`)."""
+def _shared_copy(value: Any, room: int) -> Any:
+    """A copy of ``value``'s containers, its scalars (immutable) shared, made iteratively;
+    :data:`_TOO_DEEP` when it nests more than ``room`` levels."""
     holder: list[Any] = [None]
-    size = 0
     pending: list[tuple[Any, Any, Any, int]] = [(value, holder, 0, 1)]
     while pending:
         item, parent, key, depth = pending.pop()
+        if isinstance(item, dict | list) and depth > room:
+            return _TOO_DEEP
         if isinstance(item, dict):
-            if depth > room:
-                return _TOO_DEEP, size
             copied: Any = dict.fromkeys(item)
-            commas = max(len(item) - 1, 0)
-            size += 2 + len(item) + commas + sum(_scalar_size(name) for name in item)
             pending.extend((child, copied, name, depth + 1) for name, child in item.items())
         elif isinstance(item, list):
-            if depth > room:
-                return _TOO_DEEP, size
             copied = [None] * len(item)
-            size += 2 + max(len(item) - 1, 0)
             pending.extend((child, copied, index, depth + 1) for index, child in enumerate(item))
         else:
             copied = item
-            size += _scalar_size(item)
         parent[key] = copied
-        if size > budget:
-            return _OVER, size
-    return holder[0], size
+    return holder[0]
 
 
-def _scalar_size(value: Any) -> int:
-    """The length of Go's encoding of a JSON scalar: it writes <, > and & as \\u003c etc. and the
-    two line separators as \\u2028/9, which the standard library's encoder writes as they are."""
-    if isinstance(value, str):
-        if _PLAIN.fullmatch(value):
-            return len(value) + 2  # the common case, in C: nothing escaped, one byte a character
-        text = json.dumps(value, ensure_ascii=False)
-        size = len(text.encode("utf-8", "surrogatepass"))
-        return size + 5 * sum(map(text.count, _HTML)) + 3 * sum(map(text.count, _SEPARATORS))
-    if value is None or isinstance(value, bool):
-        return 5 if value is False else 4  # null, true, false
-    if isinstance(value, int):
-        return len(str(value))
-    return len(json.dumps(value))
+def _go_size(encoded: bytes) -> int:
+    """The length of Go's json.Marshal of the value ``encoded`` holds (it escapes <, >, & and
+    the two line separators, which orjson writes as they are)."""
+    extra = 5 * sum(map(encoded.count, _HTML)) + 3 * sum(map(encoded.count, _SEPARATORS))
+    return len(encoded) + extra
 
 
 def _equal(stored: Any, value: Any) -> bool:
