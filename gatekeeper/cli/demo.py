@@ -191,7 +191,9 @@ def command_name() -> str:
 
 
 def _shown(path: str) -> str:
-    absolute = Path(path).absolute()
+    # abspath, not Path.absolute(): ``../../elsewhere`` must not pass for a path inside the
+    # current directory.
+    absolute = Path(os.path.abspath(path))
     try:
         return str(absolute.relative_to(Path.cwd()))
     except ValueError:
