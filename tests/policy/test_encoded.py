@@ -14,9 +14,9 @@ from gatekeeper.codec.kubeproto import read_envelope
 from gatekeeper.errors import Refusal
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Decision, Engine
-from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.model import Field
 from gatekeeper.policy.plan import Plan
+from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
 from gatekeeper.request.requestinfo import parse_request
@@ -66,9 +66,12 @@ def run(
     if isinstance(plan, Decision):
         return plan, None
     assert isinstance(plan, Plan)
-    preview = preview_of(plan, payload, current)
-    proposed = preview.answered(*answer) if preview is not None and answer else None
-    return ENGINE.decide(plan, payload, current, proposed), preview
+    stored = predict(plan, payload, current)
+    assert stored is None or isinstance(stored, Stored)
+    preview = stored.preview if stored is not None else None
+    if stored is not None and preview is not None and answer:
+        stored = stored.answered(preview.answered(*answer))
+    return ENGINE.decide(plan, payload, current, stored), preview
 
 
 def test_create_is_decided_on_the_decoding_and_forwards_the_bytes() -> None:
@@ -149,10 +152,11 @@ def test_fill_is_not_applied_to_encoded_bodies() -> None:
     plan = engine.plan(GPU, parse_request("POST", SLICES), PROTOBUF)
     assert isinstance(plan, Plan)
     payload = encoded()
-    preview = preview_of(plan, payload, None)
-    assert preview is not None
+    predicted = predict(plan, payload, None)
+    assert isinstance(predicted, Stored) and predicted.preview is not None
     unfilled = slice_json(driver="")
-    decision = engine.decide(plan, payload, None, preview.answered(201, stored(unfilled)))
+    answer = predicted.answered(predicted.preview.answered(201, stored(unfilled)))
+    decision = engine.decide(plan, payload, None, answer)
     assert decision.code == 403 and "filled only in JSON" in decision.message
 
 

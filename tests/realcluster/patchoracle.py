@@ -24,18 +24,27 @@ import aiohttp
 from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.errors import Refusal
 from gatekeeper.policy import Decision
-from gatekeeper.policy.changes import forbidden_change
+from gatekeeper.policy.changes import MAINTAINED, forbidden_change
 from gatekeeper.policy.claims import status_change_violation
 from gatekeeper.policy.model import KindRule
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan
-from gatekeeper.policy.stored import Stored, predict
+from gatekeeper.policy.stored import predict
 from gatekeeper.request.body import decode_json
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.types import Identity
 from tests.policy.stored_cases import CORPUS_ENTRIES, ENGINE, GPU, corpus_raw, decide, value_at
 
-__all__ = ["Case", "Tally", "Target", "Verdict", "generate", "judge", "send_all"]
+__all__ = [
+    "Case",
+    "Tally",
+    "Target",
+    "Verdict",
+    "generate",
+    "generate_bodies",
+    "judge",
+    "send_all",
+]
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"
@@ -62,6 +71,13 @@ class Case:
     """Which generator made it (for the tally)."""
     entry: dict[str, Any] | None = None
     """The corpus entry it replays (None for a generated case)."""
+    method: str = "PATCH"
+    """PATCH, or a body's POST (a create, to the target's collection) or PUT (an update)."""
+
+    @property
+    def path(self) -> str:
+        """Where it is sent: the target, or for a create the target's collection."""
+        return self.target.path.rsplit("/", 1)[0] if self.method == "POST" else self.target.path
 
 
 @dataclass
@@ -288,6 +304,61 @@ def _strategic(rng: random.Random, obj: Any, target: str) -> bytes:
     return _encode(rng.choice(choices))
 
 
+# Bodies: a create (of a kind a driver creates) or an update of a target, with nulls where Go
+# may store something else, beside the ones read here as Go reads them.
+_CREATED = ("slice", "taint-rule")
+_SET_BY_APISERVER = ("resourceVersion", "uid", "creationTimestamp", "managedFields", "generation")
+
+
+def generate_bodies(
+    rng: random.Random, targets: list[Target], count: int, first: int
+) -> list[Case]:
+    """``count`` JSON create and update bodies of ``targets`` with nulls (numbered from
+    ``first``): random members, list items and new keys set to null, in every part of the
+    object, labels, annotations and the fields the apiserver maintains among them; one in ten
+    with no null at all."""
+    cases = []
+    for number in range(first, first + count):
+        target = rng.choice(targets)
+        body = copy.deepcopy(target.stored)
+        creating = target.name in _CREATED and rng.random() < 0.5
+        if creating:
+            meta = body["metadata"]
+            for key in _SET_BY_APISERVER:
+                meta.pop(key, None)
+            meta["name"] = f"oracle-body-{number}"
+            meta["creationTimestamp"] = None  # client-go's JSON encoding of a new object
+        if rng.random() < 0.9:
+            for _ in range(rng.choice([1, 1, 2, 3])):
+                _set_null(rng, body)
+        method = "POST" if creating else "PUT"
+        cases.append(Case(number, target, "application/json", _encode(body),
+                          f"body-{'create' if creating else 'update'}", method=method))  # fmt: skip
+    return cases
+
+
+def _set_null(rng: random.Random, body: dict[str, Any]) -> None:
+    roll, meta = rng.random(), body["metadata"]
+    if roll < 0.25:
+        name = rng.choice(["labels", "annotations"])
+        if not isinstance(meta.get(name), dict):
+            meta[name] = {}
+        meta[name][rng.choice(KEYS) or "x"] = None
+        return
+    if roll < 0.35:
+        meta[rng.choice(_SET_BY_APISERVER)] = None
+        return
+    # Anywhere but the object's own metadata as a whole (a body without one is refused alike).
+    paths = [p for p in _paths(body) if p != ("metadata",)
+             and (p[:1] != ("metadata",) or rng.random() < 0.3)]  # fmt: skip
+    path = rng.choice(paths)
+    parent = value_at(body, path[:-1]) if path[:-1] else body
+    if isinstance(parent, dict) and rng.random() < 0.3:
+        parent[rng.choice(KEYS)] = None  # a member the object did not have
+    else:
+        parent[path[-1]] = None
+
+
 # --- the gatekeeper's side ----------------------------------------------------------------------
 
 
@@ -295,28 +366,65 @@ def judge(case: Case, code: int, served: Any) -> Verdict:
     """The gatekeeper's prediction and decision for ``case``, against the apiserver's answer."""
     target = case.target
     try:
-        patch = decode_json(case.raw)
+        sent = decode_json(case.raw)
     except Refusal:
         return Verdict(case, code, served, "refused-parse")
-    info = parse_request("PATCH", target.path)
-    plan = ENGINE.plan(target.identity, info, case.media_type)
+    current = None if case.method == "POST" else target.stored
+    info = parse_request(case.method, case.path)
+    screened = ENGINE.screen(target.identity, info)
+    assert isinstance(screened, Plan), screened
+    plan = ENGINE.accept(screened, case.media_type, sent)
     assert isinstance(plan, Plan), plan
-    stored = predict(plan, copy.deepcopy(patch), target.stored)
+    if plan.fetch is None and case.method == "PUT":
+        current = None  # an update decided without a read
+    stored = predict(plan, copy.deepcopy(sent), current)
     answer = served if isinstance(served, dict) else {"kind": "Status", "code": code}
-    outcome = decide(target.path, patch, target.stored, case.media_type, identity=target.identity,
-                     answer=answer, code=code or 503)  # fmt: skip
+    outcome = decide(case.path, sent, current, case.media_type, method=case.method,
+                     identity=target.identity, answer=answer, code=code or 503)  # fmt: skip
     if isinstance(stored, Decision):
         assert not outcome.asked and not outcome.decision.allowed, case
         return Verdict(case, code, served, "refused", outcome.decision)
-    assert isinstance(stored, Stored)
+    if stored is None:
+        # Nothing predicted: refused on the stored object alone (not the caller's).
+        assert not outcome.asked and not outcome.decision.allowed, case
+        return Verdict(case, code, served, "refused", outcome.decision)
     if stored.preview is not None:
         assert outcome.asked, case  # decided on exactly the apiserver's answer
         return Verdict(case, code, served, "dry-run", outcome.decision, stored.local)
     assert not outcome.asked, case
     verdict = Verdict(case, code, served, "local", outcome.decision, stored.local)
-    if code == 200 and stored.local is not None:
-        verdict.divergence = _read_divergence(plan, stored.local, served)
+    if code in (200, 201) and stored.local is not None:
+        verdict.divergence = (
+            _read_divergence(plan, stored.local, served)
+            if case.method == "PATCH"
+            else _body_divergence(stored.local, served)
+        )
     return verdict
+
+
+def _body_divergence(local: Any, served: Any, path: tuple[Any, ...] = ()) -> str | None:
+    """The first place where a body decided as read here says something other than what the
+    apiserver stores (every value it holds, outside the fields the apiserver maintains: what
+    the apiserver adds, a default, is not something the body said)."""
+    if path in MAINTAINED:
+        return None
+    if isinstance(local, dict) and isinstance(served, dict):
+        for key, value in local.items():
+            if key not in served and value is not None:
+                return ".".join(map(str, (*path, key)))
+            found = _body_divergence(value, served.get(key), (*path, key))
+            if found:
+                return found
+        return None
+    if isinstance(local, list) and isinstance(served, list) and len(local) == len(served):
+        for index, (mine, theirs) in enumerate(zip(local, served, strict=True)):
+            found = _body_divergence(mine, theirs, (*path, index))
+            if found:
+                return found
+        return None
+    if local is None and served is None:
+        return None
+    return ".".join(map(str, path)) if local != served else None
 
 
 def _read_divergence(plan: Plan, local: dict[str, Any], served: dict[str, Any]) -> str | None:
@@ -363,9 +471,10 @@ async def send_all(
             headers = {"Content-Type": case.media_type, "Accept": "application/json"}
             async with gate:
                 try:
-                    async with session.patch(
-                        f"{url}{case.target.path}?dryRun=All", data=case.raw, headers=headers
-                    ) as answer:
+                    async with session.request(
+                        case.method, f"{url}{case.path}?dryRun=All", data=case.raw,
+                        headers=headers,
+                    ) as answer:  # fmt: skip
                         text = await answer.read()
                         code, served = answer.status, json.loads(text) if text else None
                 except aiohttp.ServerDisconnectedError:
@@ -377,7 +486,7 @@ async def send_all(
 
 @dataclass
 class Tally:
-    """Counts for the closing note."""
+    """Counts for the closing note: the patches', and the bodies' apart."""
 
     cases: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -387,12 +496,18 @@ class Tally:
     local_read_divergent_refused: int = 0
     compat: Counter[str] = field(default_factory=Counter)
     """Refused by the gatekeeper, stored by the apiserver: by rule."""
+    bodies: Counter[str] = field(default_factory=Counter)
+    """The create and update bodies' outcomes (method, gatekeeper/apiserver)."""
 
     def add(self, verdict: Verdict) -> None:
         self.cases += 1
-        served_ok = verdict.code == 200
-        self.outcomes[f"{verdict.prediction}/{'stored' if served_ok else verdict.code}"] += 1
         self.by_origin[verdict.case.origin] += 1
+        served_ok = verdict.code in (200, 201)
+        outcome = f"{verdict.prediction}/{'stored' if served_ok else verdict.code}"
+        if verdict.case.method != "PATCH":
+            self.bodies[f"{verdict.case.method} {outcome}"] += 1
+            return
+        self.outcomes[outcome] += 1
         decision = verdict.decision
         if verdict.prediction == "refused" and decision is not None and decision.rule:
             self.refused_rules[decision.rule.value] += 1
@@ -407,12 +522,13 @@ class Tally:
     def report(self, seed: int) -> str:
         lines = [
             f"patch oracle: seed {seed}, {self.cases} cases",
-            "outcomes (gatekeeper/apiserver): " + _counts(self.outcomes),
             "generators: " + _counts(self.by_origin),
-            "refused by rule: " + _counts(self.refused_rules),
-            f"decided locally and stored: {self.local_equal} with every read field equal, "
-            f"{self.local_read_divergent_refused} diverging in a read field (all refused)",
-            "refused here, stored by the apiserver (by rule): " + _counts(self.compat),
+            "patches (gatekeeper/apiserver): " + _counts(self.outcomes),
+            "patches refused by rule: " + _counts(self.refused_rules),
+            f"patches decided locally and stored: {self.local_equal} with every read field "
+            f"equal, {self.local_read_divergent_refused} diverging in a read field (all refused)",
+            "patches refused here, stored by the apiserver (by rule): " + _counts(self.compat),
+            "bodies (method gatekeeper/apiserver): " + _counts(self.bodies),
         ]
         return "\n".join(lines)
 

@@ -1,8 +1,9 @@
 """Kinds forwarded under the driver's own credentials (rule DriverCredentials) touch nothing of
 the gatekeeper's (issue 39, item 5): over every verb and every body encoding (JSON, protobuf,
-CBOR; merge, JSON, strategic-merge and apply patches), for a built-in kind (configmaps) and a
-custom resource (ComputeDomains), the kube-apiserver's own audit log shows no request by the
-gatekeeper's ServiceAccount for either, and every forwarded one made with the driver's token.
+CBOR, JSON with nulls; merge, JSON, strategic-merge and apply patches), for a built-in kind
+(configmaps) and a custom resource (ComputeDomains), the kube-apiserver's own audit log shows no
+request by the gatekeeper's ServiceAccount for either, and every forwarded one made with the
+driver's token.
 Before, a protobuf or CBOR create was first previewed as a dry run under the gatekeeper's
 account."""
 
@@ -136,8 +137,14 @@ def _requests() -> list[tuple[str, str, Any, str]]:
     for kind, collection, make in (("cm", CONFIGMAPS, configmap), ("cd", DOMAINS, domain)):
         one = f"{collection}/{kind}-json"
         applied = {**make(f"{kind}-applied"), "metadata": {"name": f"{kind}-applied"}}
+        with_null = make(f"{kind}-null")
+        with_null["metadata"]["labels"] = {"x": None}
+        with_null["data" if kind == "cm" else "spec"] = {"k" if kind == "cm" else "numNodes": None}
         out += [
             ("POST", collection, make(f"{kind}-json"), "application/json"),
+            # A null the apiserver may store otherwise: still nothing asked under the
+            # gatekeeper's credentials (elsewhere, a dry run would decide it).
+            ("POST", collection, with_null, "application/json"),
             ("POST", collection, configmap_protobuf(f"{kind}-proto"), PROTOBUF),
             ("POST", collection, cbor(make(f"{kind}-cbor")), CBOR),
             ("GET", one, None, ""),

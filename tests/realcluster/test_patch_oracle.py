@@ -5,10 +5,14 @@ and odd array indexes, numeric strings, type changes, duplicate keys, deep paths
 DeviceTaintRule, each sent to the apiserver as a dry run and decided by the gatekeeper's own
 prediction (gatekeeper/policy/stored.py), called directly.
 
+Then JSON create and update bodies of the same objects with nulls in every part of them (and
+client-go's ``metadata.creationTimestamp: null``), sent and decided the same way.
+
 Wherever the gatekeeper decides on a result it computed, every field a rule reads is what the
-apiserver stores, or the patch is refused; wherever it cannot know, it decides on the
-apiserver's own dry run. ``DRA_GATEKEEPER_PATCH_SEED`` and ``DRA_GATEKEEPER_PATCH_CASES``
-choose another run; the seed and the counts are printed."""
+apiserver stores (for a body: everything it says), or the write is refused; wherever it cannot
+know, it decides on the apiserver's own dry run. ``DRA_GATEKEEPER_PATCH_SEED``,
+``DRA_GATEKEEPER_PATCH_CASES`` and ``DRA_GATEKEEPER_BODY_CASES`` choose another run; the seed
+and the counts are printed."""
 
 from __future__ import annotations
 
@@ -32,12 +36,14 @@ from tests.realcluster.patchoracle import (
     Target,
     Verdict,
     generate,
+    generate_bodies,
     judge,
     send_all,
 )
 
 SEED = int(os.environ.get("DRA_GATEKEEPER_PATCH_SEED", "39"))
 CASES = int(os.environ.get("DRA_GATEKEEPER_PATCH_CASES", "10400"))
+BODY_CASES = int(os.environ.get("DRA_GATEKEEPER_BODY_CASES", "800"))
 NAMESPACE = "gpu-system"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 TAINT_RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
@@ -130,7 +136,9 @@ def targets(real_cluster: RealCluster) -> Iterator[list[Target]]:
 async def test_the_gatekeeper_decides_on_what_the_apiserver_stores(
     real_cluster: RealCluster, targets: list[Target]
 ) -> None:
-    cases = generate(random.Random(SEED), targets, CASES)
+    rng = random.Random(SEED)
+    cases = generate(rng, targets, CASES)
+    cases += generate_bodies(rng, targets, BODY_CASES, len(cases))
     oracle = real_cluster.user("patch-oracle", "patch-oracle", "system:masters")
     tally = Tally()
     verdicts: dict[int, Verdict] = {}
@@ -152,7 +160,9 @@ async def test_the_gatekeeper_decides_on_what_the_apiserver_stores(
     in_order = [verdicts[case.number] for case in cases]
     _show("read-field divergences, all refused", [v for v in in_order if v.divergence])
     _show("answered 500 by the apiserver", [v for v in in_order if v.code == 500])
-    assert tally.cases >= 10_000
+    patches = [v for v in in_order if v.case.method == "PATCH"]
+    bodies = [v for v in in_order if v.case.method != "PATCH"]
+    assert len(patches) >= 10_000 and len(bodies) >= BODY_CASES
     assert [(v.case.number, v.case.raw, v.divergence) for v in unrefused] == []
     # The corpus (the attacks of issue 39 among it): the apiserver still answers and stores
     # each as recorded there, and the gatekeeper refuses it or decides it as recorded.
@@ -173,8 +183,12 @@ async def test_the_gatekeeper_decides_on_what_the_apiserver_stores(
         )
         assert outcome == next(iter(entry["gatekeeper"])), (entry["id"], verdict.prediction)
     # Every JSON and merge patch a CEL scope decides is decided on the apiserver's dry run.
-    cel = [v for v in in_order if v.case.target.name == "taint-rule" and v.prediction == "local"]
+    cel = [v for v in patches if v.case.target.name == "taint-rule" and v.prediction == "local"]
     assert cel == []
+    # A body that was asked about was the caller's (refused bodies asked nothing: judge), and
+    # every kind of body was met: decided here, on the dry run, refused first.
+    assert {v.prediction for v in bodies} >= {"local", "dry-run", "refused"}
+    assert {v.case.method for v in bodies if v.prediction == "dry-run"} == {"POST", "PUT"}
     # The stored objects are as they were: the run sent dry runs only.
     for target in targets:
         again = real_cluster.admin.get(target.path)

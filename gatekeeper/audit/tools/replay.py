@@ -76,6 +76,8 @@ class Inputs:
     basis: str
 
 
+# Writes whose answer is what the apiserver stored (a dry run of one is answered alike).
+_PREDICTED = frozenset({"patch", "create", "update"})
 # Answers that are not the stored object: a Status, or a form of it asked for with ``Accept``.
 _NOT_OBJECTS = (None, "Status", "Table", "PartialObjectMetadata", "PartialObjectMetadataList")
 
@@ -114,7 +116,8 @@ class ObjectMemory:
                 current = _aligned(current, body)
             basis = worst(basis, known)
         proposed = None
-        if info.verb == "patch" and record.code < 300 and _is_object(record.response_object):
+        if info.verb in _PREDICTED and record.code < 300 and _is_object(record.response_object):
+            # What the apiserver stored: the answer a dry run of the write would have had.
             proposed = record.response_object
         return Inputs(body, current, media_type, proposed, basis)
 
