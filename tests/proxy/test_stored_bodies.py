@@ -8,55 +8,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from gatekeeper.apiserver import APIServer, JournalEntry
-from gatekeeper.cli.served import served_kinds
-from gatekeeper.policyfile import load_policy
-from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN, PKI, Running, running_gatekeeper
-
-POLICY = Path(__file__).parents[1] / "corpus" / "patches" / "policy.yaml"
-RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
-
-
-def taint_rule(name: str, driver: str = GPU, **taint: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1beta2",
-        "kind": "DeviceTaintRule",
-        "metadata": {"name": name},
-        "spec": {
-            "deviceSelector": {"driver": driver, "pool": f"{NODE}/gpus"},
-            "taint": {"key": "gpu.example.com/unhealthy", "effect": "NoSchedule", **taint},
-        },
-    }
+from gatekeeper.testing.harness import NODE, NODE_TOKEN, PKI, Running
+from tests.proxy.taintrules import RULES, send, taint_rule, taint_rule_stack
 
 
 @pytest.fixture
 async def stack(pki: PKI) -> AsyncIterator[tuple[APIServer, Running]]:
-    policy = load_policy(str(POLICY))
-    apiserver = APIServer(served_kinds(policy), token=NODE_TOKEN)
-    await apiserver.start()
-    try:
-        apiserver.add(taint_rule("theirs", driver="nic.example.com"))
-        async with running_gatekeeper(apiserver, policy, pki) as gatekeeper:
-            yield apiserver, gatekeeper
-    finally:
-        await apiserver.close()
+    async with taint_rule_stack(pki) as running:
+        yield running
 
 
-async def send(running: Running, method: str, path: str, body: Any) -> tuple[int, Any]:
-    connector = aiohttp.UnixConnector(path=str(running.socket_path(GPU)))
-    async with (
-        aiohttp.ClientSession("http://localhost", connector=connector) as session,
-        session.request(
-            method, path, data=json.dumps(body), headers={"Content-Type": "application/json"}
-        ) as answer,  # fmt: skip
-    ):
-        return answer.status, await answer.json()
+def with_value(name: str, pool: str = f"{NODE}/gpus") -> dict[str, Any]:
+    """A DeviceTaintRule of the GPU driver whose taint's value is null."""
+    rule = taint_rule(name, pool)
+    rule["spec"]["taint"]["value"] = None
+    return rule
 
 
 def writes(apiserver: APIServer, since: int) -> list[JournalEntry]:
@@ -68,7 +39,7 @@ async def test_a_create_with_a_null_is_asked_then_the_same_bytes_forwarded(
 ) -> None:
     apiserver, gatekeeper = stack
     since = len(apiserver.journal)
-    code, created = await send(gatekeeper, "POST", RULES, taint_rule("mine", value=None))
+    code, created = await send(gatekeeper, "POST", RULES, with_value("new"))
     assert code == 201, created
     dry_run, write = writes(apiserver, since)
     assert (dry_run.method, dry_run.path, dry_run.query_string) == ("POST", RULES, "dryRun=All")
@@ -77,14 +48,14 @@ async def test_a_create_with_a_null_is_asked_then_the_same_bytes_forwarded(
     assert json.loads(write.body)["spec"]["taint"]["value"] is None
     for entry in (dry_run, write):
         assert entry.headers["Authorization"] == f"Bearer {NODE_TOKEN}"  # the gatekeeper's own
-    assert created["metadata"]["name"] == "mine"
+    assert created["metadata"]["name"] == "new"
 
 
 async def test_client_gos_creation_timestamp_null_asks_nothing(
     stack: tuple[APIServer, Running],
 ) -> None:
     apiserver, gatekeeper = stack
-    body = taint_rule("plain")
+    body = taint_rule("plain", f"{NODE}/gpus")
     body["metadata"]["creationTimestamp"] = None  # what client-go's JSON encoding sends
     since = len(apiserver.journal)
     code, _ = await send(gatekeeper, "POST", RULES, body)
@@ -97,7 +68,7 @@ async def test_an_update_of_another_drivers_object_asks_nothing(
     stack: tuple[APIServer, Running],
 ) -> None:
     apiserver, gatekeeper = stack
-    body = taint_rule("theirs", value=None)
+    body = with_value("theirs")
     since = len(apiserver.journal)
     code, status = await send(gatekeeper, "PUT", f"{RULES}/theirs", body)
     assert code == 404, status
