@@ -24,7 +24,7 @@ from tests.realcluster.cluster import Api, ApiError, RealCluster, poll
 from tests.realcluster.conftest import DEFAULT_POLICY, SERVICE_ACCOUNTS
 from tests.realcluster.objects import bound_token, ensure
 from tests.realcluster.processes import GatekeeperProcess
-from tests.realcluster.signing import driver_in_pod
+from tests.realcluster.signing import driver_in_pod, gpu_slices_on_node_a
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAME = "dra-gatekeeper-ca"
@@ -142,7 +142,8 @@ def test_the_ca_follows_the_policy_and_a_rotation_and_drivers_connect_with_it(
         old = _fingerprints(serving)
         _all_publish(real_cluster, drivers, old)
         done = _driver_connects(real_cluster, real_gatekeeper, tmp_path, "first")
-        assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr
+        want = gpu_slices_on_node_a(real_cluster)
+        assert (done.returncode, done.stdout.strip()) == (0, want), done.stderr
 
         # A namespace that does not exist is named in the log; the others are served anyway.
         poll(

@@ -27,6 +27,7 @@ from tests.realcluster.signing import (
     apply,
     csr_of,
     driver_in_pod,
+    gpu_slices_on_node_a,
     request_certificate,
     served_serial,
     set_node_addresses,
@@ -94,7 +95,7 @@ def _driver_connects(
     cluster: RealCluster, gatekeeper: GatekeeperProcess, work: Path, ca: bytes, name: str
 ) -> None:
     done = driver_in_pod(cluster, gatekeeper, work / name, ca)
-    assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, gpu_slices_on_node_a(cluster)), done.stderr
 
 
 def _mine(cluster: RealCluster, username: str) -> list[dict[str, Any]]:

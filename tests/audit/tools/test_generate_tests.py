@@ -234,3 +234,38 @@ def _gatekeeper_event(verb: str, uri: str) -> dict[str, Any]:
         "responseStatus": {"code": 200},
         "annotations": {"authorization.k8s.io/decision": "allow"},
     }
+
+
+async def test_an_update_that_re_sends_what_it_read_is_a_case_the_policy_allows(
+    tmp_path: Path,
+) -> None:
+    """client-go re-sends the object it read, managedFields and resourceVersion included, and
+    the apiserver's log shows that body: the case sends what a fresh cluster can take (the
+    gatekeeper refuses managedFields that differ from what is stored)."""
+    stored = slice_body()
+    stored["metadata"] |= {
+        "resourceVersion": "41",
+        "uid": "0f6e3a3c-1111-4c8e-9d2b-5a3f0f3b7a01",
+        "creationTimestamp": "2026-12-03T06:59:00Z",
+        "generation": 1,
+        "managedFields": [
+            {"manager": "gpu-plugin", "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+             "time": "2026-12-03T06:59:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}
+        ],
+    }  # fmt: skip
+    sent = json.loads(json.dumps(stored))
+    sent["spec"]["devices"] = [{"name": "gpu-1"}]
+    name = stored["metadata"]["name"]
+    records = [
+        record("create", SLICES, code=201, request_object=slice_body(), response_object=stored),
+        record("update", f"{SLICES}/{name}", request_object=sent, response_object=sent),
+    ]
+    examples = Examples()
+    policy_text = generate_policy(examples.tap(records), load_policy(None))
+    (tmp_path / "p.yaml").write_text(policy_text)
+    text = generate_tests(examples, parse_policy(policy_text), policy_ref="p.yaml", source="t")
+    update = next(c for c in yaml.safe_load(text)["cases"] if c["name"].startswith("allowed: upd"))
+    assert "managedFields" not in update["request"]["body"]["metadata"]
+    (tmp_path / "p_test.yaml").write_text(text)
+    results = await _run(tmp_path / "p_test.yaml")
+    assert [name for name, passed, _, _ in results if not passed] == [], text

@@ -19,6 +19,7 @@ from gatekeeper.audit.tools.generate._oversteps import Case, oversteps, token_el
 from gatekeeper.audit.tools.generate._policy import Dumper
 from gatekeeper.audit.tools.replay import method_of, patch_type
 from gatekeeper.policy import KindRule, KindSpec, Policy
+from gatekeeper.policy.changes import MAINTAINED
 
 __all__ = ["generate_tests"]
 
@@ -27,7 +28,8 @@ _BODY_VERBS = frozenset({"create", "update", "patch"})
 _NO_OBJECT = frozenset({"create", "list", "watch", "deletecollection"})
 _NAMED = frozenset({KindRule.OWN_NODE, KindRule.OWN_POD, KindRule.DRIVER_CREDENTIALS})
 """Rules that decide a get on the request alone: no stored object needed."""
-_SET_BY_APISERVER = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+_SET_BY_APISERVER = tuple(sorted(name for _, name in MAINTAINED))
+"""What the apiserver keeps in metadata itself: a create's body that brings them is refused."""
 
 
 def generate_tests(examples: Examples, policy: Policy, *, policy_ref: str, source: str) -> str:
@@ -96,8 +98,10 @@ def _allowed_case(example: Example, entry: KindSpec) -> Case | str:
             body = _without(body, *_SET_BY_APISERVER)
         elif info.verb == "update" and is_kind_object(body):
             # The resourceVersion it was read at is the logged cluster's: the gatekeeper pins
-            # the write to the object the case stores instead.
-            body = _without(body, "resourceVersion")
+            # the write to the object the case stores instead. The managedFields it re-sends
+            # are the logged cluster's too (the case stores none; the gatekeeper takes them out
+            # of a protobuf body, which is how client-go sends them).
+            body = _without(body, "resourceVersion", "managedFields")
         request["body"] = body
         if info.verb == "patch":
             request["headers"] = {"Content-Type": patch_type(record, body, info)}
