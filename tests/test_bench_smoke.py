@@ -97,9 +97,7 @@ def test_the_benchmark_imports_no_test_module() -> None:
     """bench/ runs from the package and its own fixtures: with tests/, pytest and hypothesis
     not importable, every benchmark module (the real tier's aside) still imports."""
     modules = sorted(
-        f"bench.{path.stem}"
-        for path in (ROOT / "bench").glob("*.py")
-        if path.stem not in REAL_TIER
+        f"bench.{path.stem}" for path in (ROOT / "bench").glob("*.py") if path.stem not in REAL_TIER
     )
     assert "bench.fixtures" in modules and "bench.run" in modules
     done = subprocess.run(

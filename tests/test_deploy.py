@@ -91,25 +91,36 @@ def test_kustomize_builds_valid_objects_offline() -> None:
     assert kinds == [
         "ClusterRole/dra-gatekeeper",
         "ClusterRole/dra-gatekeeper-ca-publisher",
+        "ClusterRole/dra-gatekeeper-serving-certificate",
+        "ClusterRole/dra-gatekeeper-signer",
         "ClusterRoleBinding/dra-gatekeeper",
         "ClusterRoleBinding/dra-gatekeeper-ca-publisher",
+        "ClusterRoleBinding/dra-gatekeeper-serving-certificate",
+        "ClusterRoleBinding/dra-gatekeeper-signer",
+        "ConfigMap/dra-gatekeeper-ca-certificates",
         "ConfigMap/dra-gatekeeper-policy",
         "DaemonSet/dra-gatekeeper",
         "Deployment/dra-gatekeeper-ca-publisher",
+        "Deployment/dra-gatekeeper-signer",
         "FlowSchema/dra-gatekeeper",
         "PriorityLevelConfiguration/dra-gatekeeper",
+        "Role/dra-gatekeeper-signer",
+        "RoleBinding/dra-gatekeeper-signer",
+        "Secret/dra-gatekeeper-signer-ca",
         "ServiceAccount/dra-gatekeeper",
         "ServiceAccount/dra-gatekeeper-ca-publisher",
+        "ServiceAccount/dra-gatekeeper-signer",
         "ValidatingAdmissionPolicy/dra-gatekeeper",
         "ValidatingAdmissionPolicyBinding/dra-gatekeeper",
     ]
     # Namespaced objects in kube-system, cluster-scoped ones in none (kustomize 5.5 would give
     # the admission policy and the APF objects one if the kustomization set `namespace:`).
-    namespaced = {"ConfigMap", "DaemonSet", "Deployment", "ServiceAccount"}
+    namespaced = {"ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "Secret", "Role",
+                  "RoleBinding"}  # fmt: skip
     for obj in objects:
         want = "kube-system" if obj["kind"] in namespaced else None
         assert obj["metadata"].get("namespace") == want, obj["kind"]
-    configmap = next(o for o in objects if o["kind"] == "ConfigMap")
+    configmap = next(o for o in objects if o["metadata"]["name"] == "dra-gatekeeper-policy")
     assert configmap["data"]["policy.yaml"] == (DEPLOY / "policy.yaml").read_text()
 
 
@@ -136,9 +147,17 @@ def test_everything_generated_is_exactly_what_the_command_writes(tmp_path: Path)
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_clusterrole_is_exactly_what_the_policy_needs() -> None:
+def test_clusterrole_is_exactly_what_the_policy_needs_and_bound() -> None:
     deployed = (GENERATED / "rbac.yaml").read_text()
-    assert deployed == render_cluster_role(load_policy(str(DEPLOY / "policy.yaml")))
+    role, binding = documents(GENERATED / "rbac.yaml")
+    assert deployed.startswith(render_cluster_role(load_policy(str(DEPLOY / "policy.yaml"))))
+    assert binding["kind"] == "ClusterRoleBinding"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = documents(DEPLOY / "serviceaccount.yaml")[0]["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    assert pod_spec()["serviceAccountName"] == account["name"]
     policy = str(DEPLOY / "policy.yaml")
     out = subprocess.run(
         [sys.executable, "-m", "gatekeeper", "policy", "rbac", "--policy", policy],
@@ -161,23 +180,67 @@ def test_deployed_policy_is_the_default_with_its_drivers() -> None:
     }
 
 
-def test_daemonset_serves_tokens_with_a_certificate_for_the_nodes_address() -> None:
-    spec = pod_spec()
+def test_daemonset_serves_tokens_with_a_certificate_it_requests_for_the_nodes_address() -> None:
+    """The token listener's key is made in the pod, its certificate requested of the signer for
+    the node's address (drivers dial status.hostIP) and loopback: no CA, no key, no Secret."""
     args = gatekeeper_container()["args"]
     assert "--listen-token=0.0.0.0:9443" in args
     token_port = next(p for p in gatekeeper_container()["ports"] if p["name"] == "token")
     assert token_port["hostPort"] == token_port["containerPort"] == 9443
-    minting = next(c for c in spec["initContainers"] if c["name"] == "serving-cert")
-    assert "--host=$(HOST_IP)" in minting["args"]
-    env = {e["name"]: e for e in minting["env"]}
+    signer = documents(DEPLOY / "signer.yaml")
+    deployment = next(d for d in signer if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    signer_name = next(a for a in container["args"] if a.startswith("--signer-name="))
+    assert f"--token-cert-signer={signer_name.split('=', 1)[1]}" in args
+    assert "--token-cert-address=$(HOST_IP)" in args and "--token-cert-address=127.0.0.1" in args
+    env = {e["name"]: e for e in gatekeeper_container()["env"]}
     assert env["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
-    out = next(a for a in minting["args"] if a.startswith("--out=")).removeprefix("--out=")
-    assert f"--tls-cert-file={out}/server.crt" in args
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["serving-ca"]["secret"]["secretName"] == "dra-gatekeeper-serving-ca"
-    assert volumes["tls"]["emptyDir"]["medium"] == "Memory"
-    # The CA key is only the init container's: the serving process mounts the minted pair.
-    assert "serving-ca" not in {m["name"] for m in gatekeeper_container()["volumeMounts"]}
+    assert not any(a.startswith(("--tls-cert-file", "--tls-key-file")) for a in args)
+    from gatekeeper.cli.main import build_parser
+
+    ns = build_parser().parse_args(args)
+    assert ns.token_cert_signer == "dra-gatekeeper.io/token-listener"
+
+
+def _workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"] + "/" + o["metadata"]["name"]: o for o in objects
+            if o["kind"] in ("DaemonSet", "Deployment")}  # fmt: skip
+
+
+def test_no_file_or_secret_on_a_worker_node_holds_the_ca_key() -> None:
+    """Every volume of every workload of deploy/: the DaemonSet (every worker node) mounts no
+    Secret, no projected Secret, no CSI volume, and no hostPath that holds keys; the CA's Secret
+    is mounted by no pod at all (the signer reads it through the API, from the control plane)."""
+    objects = [d for path in MANIFESTS for d in documents(path) if path.parent == DEPLOY]
+    assert_no_ca_key_on_workers(objects)
+
+
+def assert_no_ca_key_on_workers(objects: list[dict[str, Any]]) -> None:
+    """The check of :func:`test_no_file_or_secret_on_a_worker_node_holds_the_ca_key`, for any
+    rendering of the deployment (kustomize, the chart: tests/realcluster/test_chart.py)."""
+    workloads = _workloads(objects)
+    daemonsets = [w for w in workloads.values() if w["kind"] == "DaemonSet"]
+    assert daemonsets
+    secrets = {o["metadata"]["name"] for o in objects if o["kind"] == "Secret"}
+    for name, workload in workloads.items():
+        spec = workload["spec"]["template"]["spec"]
+        for volume in spec.get("volumes", []):
+            sources = [volume] + [s for s in volume.get("projected", {}).get("sources", [])]
+            for source in sources:
+                mounted = (source.get("secret") or {}).get("secretName")
+                assert mounted not in secrets, (name, volume["name"], "mounts the CA's Secret")
+                if workload["kind"] == "DaemonSet":
+                    assert "secret" not in source, (name, volume["name"])
+                    assert "csi" not in source, (name, volume["name"])
+        if workload["kind"] == "DaemonSet":
+            # Nothing of the node's own keys either (the kubelet's, the control plane's).
+            paths = [v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v]
+            assert not [p for p in paths if p.startswith(("/etc/kubernetes", "/var/lib"))]
+    signer = next(w for w in workloads.values() if "signer" in w["metadata"]["name"])
+    spec = signer["spec"]["template"]["spec"]
+    # Off the worker nodes by default: scheduled only where the control plane is.
+    assert "node-role.kubernetes.io/control-plane" in spec.get("nodeSelector", {})
+    assert not spec.get("volumes"), "the signer reads its CA through the API, mounts nothing"
 
 
 @pytest.mark.kubectl
@@ -211,16 +274,6 @@ def test_the_token_driver_example_changes_env_and_volumes_only() -> None:
     }
     spec["volumes"] = list(volumes.values())
     assert after == before
-
-
-def test_binding_gives_the_role_to_the_daemonset_account() -> None:
-    binding = documents(DEPLOY / "clusterrolebinding.yaml")[0]
-    account = documents(DEPLOY / "serviceaccount.yaml")[0]["metadata"]
-    assert binding["roleRef"]["name"] == documents(GENERATED / "rbac.yaml")[0]["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
-    assert pod_spec()["serviceAccountName"] == account["name"]
 
 
 def test_daemonset_runs_beside_every_driver_hardened() -> None:

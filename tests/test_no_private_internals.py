@@ -23,7 +23,8 @@ LIBRARIES = ("aiohttp", "asyncio", "ssl", "_ssl", "yarl", "multidict", "uvloop",
 
 REFLECTION = {
     "gatekeeper/cli/main.py": 1,  # a subcommand's entry point, imported when it is run
-    "gatekeeper/listen/identity.py": 1,  # socket.SO_PEERCRED exists on Linux only
+    "gatekeeper/listen/identity/_peers.py": 1,  # socket.SO_PEERCRED exists on Linux only
+    "gatekeeper/listen/tls.py": 1,  # os.memfd_create exists on Linux only
     "gatekeeper/upstream/kubeconfig/_config.py": 1,  # the dataclass's own fields, for __repr__
     "gatekeeper/audit/tools/generate/_base.py": 1,  # the dataclass's own fields, by name
     "gatekeeper/audit/tools/reader.py": 1,  # a file object that can peek (a buffered one)

@@ -117,7 +117,7 @@ ROWS: dict[str, list[Case] | Elsewhere] = {
         "tests/server/test_health.py", "refused at the handshake: there is no HTTP answer"
     ),
     "401 `Unauthorized: …`": Elsewhere(
-        "tests/listen/test_identity.py", "a socket whose driver the policy no longer lists"
+        "tests/listen/identity/test_peers.py", "a socket whose driver the policy no longer lists"
     ),
     "400 `continue is not accepted for resourceclaims…`": [
         Case(_request("GET", CLAIMS, query={"continue": "x"}))
@@ -126,7 +126,7 @@ ROWS: dict[str, list[Case] | Elsewhere] = {
         "tests/proxy/test_budgets.py", "needs lists held open concurrently"
     ),
     "401 `Unauthorized: … service account token has expired`": Elsewhere(
-        "tests/listen/test_identity.py", "the apiserver's own TokenReview reasons"
+        "tests/listen/identity/test_peers.py", "the apiserver's own TokenReview reasons"
     ),
     "403 `service account ns/name is not listed under serviceAccounts`": [
         Case(_request("GET", SLICE + "/node-a-gpu"), token={"serviceAccount": "ns/name"})
@@ -143,6 +143,12 @@ ROWS: dict[str, list[Case] | Elsewhere] = {
             token={"serviceAccount": "gpu-system/gpu-driver"},
         )
     ],
+    "exit 2 `--token-cert-signer: CertificateSigningRequest … was denied by signer": Elsewhere(
+        "tests/realcluster/test_signer.py", "the real signer's reasons, answering a real request"
+    ),
+    "exit 2 `--token-cert-signer: no answer to CertificateSigningRequest": Elsewhere(
+        "tests/listen/test_servingcert.py", "serve waiting for a signer that does not answer"
+    ),
     "503 `cannot review the driver's token`": Elsewhere(
         "tests/listen/test_token_listener.py", "the TokenReview itself must fail"
     ),

@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import ipaddress
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from gatekeeper.codec.pki import (
+    BadCA,
+    IssuedCert,
+    create_ca,
+    general_name,
+    is_ca,
+    issue_client_cert,
+    issue_server_cert,
+    load_ca_pair,
+    subject_alt_names,
+)
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.identity import client_cert_common_name
 from gatekeeper.listen.tls import certificate_expiry
@@ -44,148 +51,6 @@ _CA_CERT = "ca.crt"
 _CA_KEY = "ca.key"
 _SERVER_STEM = "server"
 _DEFAULT_HOSTS = ("127.0.0.1", "::1", "localhost")
-_DNS_RE = re.compile(
-    r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", re.IGNORECASE
-)
-_CLOCK_SKEW = datetime.timedelta(minutes=5)
-
-
-@dataclass(frozen=True, slots=True)
-class IssuedCert:
-    """A PEM certificate and its unencrypted PKCS#8 PEM private key."""
-
-    cert_pem: bytes
-    key_pem: bytes = field(repr=False)
-
-    @property
-    def certificate(self) -> x509.Certificate:
-        """The parsed certificate."""
-        return x509.load_pem_x509_certificate(self.cert_pem)
-
-
-# --- issuing ---------------------------------------------------------------------------------
-
-
-def create_ca(common_name: str = "dra-gatekeeper-ca", *, days: int = 365) -> IssuedCert:
-    """A self-signed CA (CA:TRUE, pathlen 0, keyCertSign) valid for ``days``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _name(common_name)
-    builder = (
-        _base_builder(name, name, key.public_key(), days)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
-    return _sign(builder, key, key)
-
-
-def issue_client_cert(ca: IssuedCert, common_name: str, *, days: int = 365) -> IssuedCert:
-    """A clientAuth certificate with subject CN ``common_name`` (the driver name)."""
-    if not common_name:
-        raise ValueError("client certificate needs a common name")
-    return _issue_leaf(ca, common_name, ExtendedKeyUsageOID.CLIENT_AUTH, None, days)
-
-
-def issue_server_cert(
-    ca: IssuedCert, hosts: Sequence[str] = _DEFAULT_HOSTS, *, days: int = 365
-) -> IssuedCert:
-    """A serverAuth certificate with one SAN per host (IP address or DNS name); CN = hosts[0]."""
-    if isinstance(hosts, str) or not hosts:
-        raise ValueError("server certificate needs a sequence of at least one host")
-    sans = x509.SubjectAlternativeName([_general_name(h) for h in hosts])
-    return _issue_leaf(ca, hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, sans, days)
-
-
-def _issue_leaf(
-    ca: IssuedCert,
-    common_name: str,
-    usage: x509.ObjectIdentifier,
-    sans: x509.SubjectAlternativeName | None,
-    days: int,
-) -> IssuedCert:
-    ca_cert = ca.certificate
-    ca_key = _load_private_key(ca.key_pem)
-    key = ec.generate_private_key(ec.SECP256R1())
-    builder = (
-        _base_builder(_name(common_name), ca_cert.subject, key.public_key(), days)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-    )
-    if sans is not None:
-        builder = builder.add_extension(sans, critical=False)
-    return _sign(builder, ca_key, key)
-
-
-def _base_builder(
-    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int
-) -> x509.CertificateBuilder:
-    if days < 1:
-        raise ValueError("days must be at least 1")
-    now = datetime.datetime.now(datetime.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(now + datetime.timedelta(days=days))
-    )
-
-
-def _sign(
-    builder: x509.CertificateBuilder,
-    signer: ec.EllipticCurvePrivateKey,
-    key: ec.EllipticCurvePrivateKey,
-) -> IssuedCert:
-    cert = builder.sign(signer, hashes.SHA256())
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return IssuedCert(cert.public_bytes(serialization.Encoding.PEM), key_pem)
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=cert_sign,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _general_name(host: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        pass
-    if len(host) > 253 or not _DNS_RE.match(host):
-        raise ValueError(f"host {host!r} is neither an IP address nor a DNS name")
-    return x509.DNSName(host.lower())
-
-
-def _load_private_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
-    key = serialization.load_pem_private_key(key_pem, password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ValueError("CA key is not an EC key")
-    return key
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -218,22 +83,12 @@ def load_ca(cert_path: Path, key_path: Path) -> IssuedCert:
     cert_pem = _read(cert_path)
     key_pem = _read(key_path)
     try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-    except ValueError:
-        raise ConfigError(f"{cert_path}: not a PEM certificate") from None
-    try:
-        key = _load_private_key(key_pem)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{key_path}: not an unencrypted PEM EC private key") from None
-    try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        is_ca = False
-    if not is_ca:
-        raise ConfigError(f"{cert_path}: not a CA certificate (basicConstraints CA:TRUE missing)")
-    if key.public_key() != cert.public_key():
-        raise ConfigError(f"{key_path}: key does not match the certificate {cert_path}")
-    return IssuedCert(cert_pem, key_pem)
+        return load_ca_pair(cert_pem, key_pem)
+    except BadCA as exc:
+        if exc.part == "cert":
+            raise ConfigError(f"{cert_path}: {exc}") from None
+        mismatch = f" {cert_path}" if exc.part == "pair" else ""
+        raise ConfigError(f"{key_path}: {exc}{mismatch}") from None
 
 
 def _read(path: Path) -> bytes:
@@ -256,10 +111,6 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
     cert = _load_pem_file(path)
     now = now or datetime.datetime.now(datetime.UTC)
     cn = client_cert_common_name(cert.public_bytes(serialization.Encoding.DER)) or "-"
-    try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        is_ca = False
     # A list of OIDs, not an ExtendedKeyUsage: cryptography 51 refuses an empty one, and a CA
     # (the one `certs ca` writes among them) has no such extension.
     usages: list[x509.ObjectIdentifier]
@@ -267,7 +118,7 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
         usages = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     except x509.ExtensionNotFound:
         usages = []
-    if is_ca:
+    if is_ca(cert):
         role = "CA"
     elif ExtendedKeyUsageOID.CLIENT_AUTH in usages:
         role = "client (driver)"
@@ -287,22 +138,12 @@ def describe_certificate(path: str | Path, *, now: datetime.datetime | None = No
         f"not after:  {expiry.isoformat()}  ({left})",
         f"serial:     {cert.serial_number:x}",
     ]
-    names = _subject_alt_names(cert)
+    names = subject_alt_names(cert)
     if names or role == "server":
         # A client connects only to a name or address listed here: the first thing to check
         # when a driver's TLS handshake fails with a hostname mismatch.
         lines.insert(4, f"SANs:       {', '.join(names) or '(none)'}")
     return "\n".join(lines) + "\n"
-
-
-def _subject_alt_names(cert: x509.Certificate) -> list[str]:
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return []
-    dns = [f"DNS:{name}" for name in sans.get_values_for_type(x509.DNSName)]
-    ips = [f"IP:{address}" for address in sans.get_values_for_type(x509.IPAddress)]
-    return dns + ips
 
 
 # --- peer identity ---------------------------------------------------------------------------
@@ -378,7 +219,7 @@ def _issue_from_args(ns: argparse.Namespace) -> list[Path]:
     hosts = ns.host or list(_DEFAULT_HOSTS)
     for host in hosts:
         try:
-            _general_name(host)
+            general_name(host)
         except ValueError as exc:
             raise _UsageError(f"--host: {exc}") from None
     issued = issue_server_cert(ca, hosts, days=ns.days)

@@ -2,14 +2,16 @@
 
 ``--upstream-only`` runs the embedded API server alone (with a kubeconfig for it), for trying
 ``dra-gatekeeper serve`` by hand. Every ``--change-every`` seconds (10) until stopped, the demo
-publishes or removes one more ResourceSlice of the demo driver, so the printed
-``kubectl … -w`` shows a change whenever it was started.
+publishes or removes one more ResourceSlice of the demo driver through the gatekeeper, on the
+driver's Unix socket as the driver would: the printed ``kubectl … -w`` shows a change whenever
+it was started, and the audit log records each write.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -21,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 from gatekeeper.apiserver import TOKEN_KINDS, APIServer, resource_slice
@@ -57,6 +60,7 @@ _SELECTOR = f"spec.nodeName={DEMO_NODE},spec.driver={DEMO_DRIVER}"
 _DEMO_SA = {"name": "gpu-driver", "namespace": "gpu-system"}
 """The demo driver's ServiceAccount, mapped to it in the demo's policy (the token listener)."""
 _DEMO_POD = f"gpu-driver-{DEMO_NODE}"
+_DEMO_AGENT = {"User-Agent": "dra-gatekeeper-demo (the demo driver's periodic change)"}
 
 
 class _Parser(UsageParser):
@@ -164,17 +168,32 @@ def _embedded_api(policy: Policy) -> APIServer:
     return api
 
 
-async def _change_periodically(api: APIServer, every: float) -> None:
-    """Publish, then remove, then publish again… one slice, until cancelled."""
+async def _change_periodically(api: APIServer, sock: Path, every: float) -> None:
+    """Publish, then remove, then publish again… one slice, until cancelled: through the
+    gatekeeper, on the demo driver's socket (its writes are decided and audited)."""
     name = f"{DEMO_NODE}-{DEMO_DRIVER}-1"
-    while True:
-        await asyncio.sleep(every)
-        if api.get("resource.k8s.io", "resourceslices", name) is None:
-            api.add(resource_slice(name, driver=DEMO_DRIVER, node=DEMO_NODE))
-            print(f"demo: published ResourceSlice {name} (a watch shows ADDED)", flush=True)
-        else:
-            api.store.delete(("resource.k8s.io", "resourceslices"), ("", name))
-            print(f"demo: removed ResourceSlice {name} (a watch shows DELETED)", flush=True)
+    slices = "http://localhost/apis/resource.k8s.io/v1/resourceslices"
+    connector = aiohttp.UnixConnector(path=str(sock))
+    async with aiohttp.ClientSession(connector=connector, headers=_DEMO_AGENT) as driver:
+        while True:
+            await asyncio.sleep(every)
+            if api.get("resource.k8s.io", "resourceslices", name) is None:
+                body = json.dumps(resource_slice(name, driver=DEMO_DRIVER, node=DEMO_NODE))
+                sent = driver.post(slices, data=body, headers={"Content-Type": "application/json"})
+                done = "published ResourceSlice {} (a watch shows ADDED)"
+            else:
+                sent = driver.delete(f"{slices}/{name}")
+                done = "removed ResourceSlice {} (a watch shows DELETED)"
+            try:
+                async with sent as answer:
+                    text = await answer.text()
+                    ok = answer.status < 300
+            except aiohttp.ClientError as exc:
+                ok, text = False, str(exc)
+            if ok:
+                print(f"demo: {done.format(name)} through the gatekeeper", flush=True)
+            else:
+                print(f"demo: the gatekeeper answered the demo's change: {text}", flush=True)
 
 
 def command_name() -> str:
@@ -191,7 +210,9 @@ def command_name() -> str:
 
 
 def _shown(path: str) -> str:
-    absolute = Path(path).absolute()
+    # abspath, not Path.absolute(): ``../../elsewhere`` must not pass for a path inside the
+    # current directory.
+    absolute = Path(os.path.abspath(path))
     try:
         return str(absolute.relative_to(Path.cwd()))
     except ValueError:
@@ -215,7 +236,8 @@ async def _demo(
             await server.start()
             _print_how_to_connect(workdir, server, api, files, audit, keep=keep, every=every)
             if every > 0:
-                tasks.append(asyncio.ensure_future(_change_periodically(api, every)))
+                sock = socket_path(workdir / "sockets", DEMO_DRIVER)
+                tasks.append(asyncio.ensure_future(_change_periodically(api, sock, every)))
 
         await run_until_signal(start, server.stop, server.reloader.reload)
     finally:
@@ -386,6 +408,7 @@ def _print_instructions(
     changes = (
         f"Every {every:g} s until stopped, the demo adds or removes the slice "
         f"{DEMO_NODE}-{DEMO_DRIVER}-1: a watch shows it.\n"
+        "It writes through the gatekeeper, on the driver's socket: the audit log shows each.\n"
         if every > 0
         else ""
     )

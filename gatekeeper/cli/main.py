@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gatekeeper.cli.publishca:run_publish_ca_command",
         "keep the CA's ConfigMap current in the drivers' namespaces",
     ),
+    "signer": (
+        "gatekeeper.cli.signer:run_signer_command",
+        "sign each gatekeeper's serving certificate for its own node (one per cluster)",
+    ),
     "test": (
         "gatekeeper.policytest:run_test_command",
         "run policy test files (*_test.yaml) through a real gatekeeper",

@@ -45,6 +45,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", metavar="FILE", help="or env KUBECONFIG; else in-cluster")
     parser.add_argument("--resync-period", type=float, default=60.0, metavar="SECONDS")
     parser.add_argument(
+        "--bind-role",
+        metavar="CLUSTERROLE",
+        help="also keep a RoleBinding of this ClusterRole (the policy's DriverNamespace rights, "
+        "`policy rbac` names it) to --bind-service-account in each of those namespaces",
+    )
+    parser.add_argument(
+        "--bind-service-account",
+        metavar="NAMESPACE/NAME",
+        help="the gatekeepers' ServiceAccount the RoleBindings name (with --bind-role)",
+    )
+    parser.add_argument(
         "--once",
         action="store_true",
         help="reconcile once; exit 0 if every ConfigMap is current, else 1",
@@ -60,6 +71,16 @@ def _config(ns: argparse.Namespace) -> PublishConfig:
     ca_dir = Path(ns.ca_dir)
     if not ca_dir.is_dir():
         raise ConfigError(f"--ca-dir {ca_dir}: not a directory")
+    subject: tuple[str, str] = ("", "")
+    if ns.bind_role is not None:
+        if not _NAME.fullmatch(ns.bind_role.replace(":", ".")):
+            raise ConfigError(f"--bind-role {ns.bind_role!r} is not a valid ClusterRole name")
+        namespace, _, account = (ns.bind_service_account or "").partition("/")
+        if not namespace or not account or "/" in account:
+            raise ConfigError("--bind-role needs --bind-service-account NAMESPACE/NAME")
+        subject = (namespace, account)
+    elif ns.bind_service_account is not None:
+        raise ConfigError("--bind-service-account needs --bind-role CLUSTERROLE")
     upstream = resolve_upstream(kubeconfig=ns.kubeconfig, upstream=None, environ=os.environ)
     return PublishConfig(
         upstream=upstream,
@@ -67,6 +88,8 @@ def _config(ns: argparse.Namespace) -> PublishConfig:
         ca_dir=ca_dir,
         configmap=ns.configmap,
         resync_seconds=ns.resync_period,
+        bind_role=ns.bind_role,
+        bind_subject=subject,
     )
 
 

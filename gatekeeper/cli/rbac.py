@@ -6,10 +6,14 @@ Exactly what the policy can forward, and no more:
   object first, ``list`` where a filtered watch is primed by a list), its subresources,
   discovery, and for status writes of allocated claims the RBAC-only ``resourceclaims/driver``
   check of Kubernetes 1.36 (``associated-node:update``/``:patch`` with the drivers as resource
-  names), and ``tokenreviews create`` when the policy maps service accounts to drivers.
-  ``deploy/generated/rbac.yaml`` is this for ``deploy/policy.yaml``;
-- for kinds of rule DriverNamespace, a Role and a RoleBinding for the gatekeeper in each
-  namespace the policy maps a driver's ServiceAccount to (not a cluster-wide grant);
+  names), and ``tokenreviews create`` when the policy maps service accounts to drivers; and its
+  ClusterRoleBinding to the gatekeeper's ServiceAccount. ``deploy/generated/rbac.yaml`` is this
+  for ``deploy/policy.yaml``;
+- for kinds of rule DriverNamespace, a ClusterRole of their rights, bound to the gatekeeper by a
+  RoleBinding in each namespace the policy maps a driver's ServiceAccount to (not a
+  cluster-wide grant). A namespace may not exist yet when the gatekeeper is installed: the
+  deployment leaves the RoleBindings to ``publish-ca --bind-role``, which makes each as its
+  namespace appears (:func:`render_rbac` ``namespace_bindings=False``);
 - for kinds of rule DriverCredentials, what each driver's own ServiceAccount needs: the
   gatekeeper forwards those requests with the driver's token, so the apiserver checks the
   driver's RBAC, never the gatekeeper's.
@@ -35,8 +39,10 @@ from gatekeeper.usage import UsageParser
 __all__ = [
     "ROLE_NAME",
     "cluster_role",
+    "driver_namespace_role",
     "driver_roles",
-    "namespace_roles",
+    "namespace_bindings",
+    "namespace_role_name",
     "render_cluster_role",
     "render_rbac",
     "run_policy_command",
@@ -145,11 +151,18 @@ def _entries(policy: Policy, rule: KindRule) -> list[KindSpec]:
 
 
 def _binding(
-    kind: str, name: str, namespace: str, subjects: list[tuple[str, str]]
+    kind: str,
+    name: str,
+    namespace: str,
+    subjects: list[tuple[str, str]],
+    *,
+    binding: str | None = None,
 ) -> dict[str, Any]:
-    binding: dict[str, Any] = {
+    """A binding of the ``kind`` (Role or ClusterRole) ``name``; a ``binding`` kind of its own
+    (a RoleBinding of a ClusterRole)."""
+    binding_object: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": f"{kind}Binding",
+        "kind": f"{binding or kind}Binding",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dra-gatekeeper"}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
         "subjects": [
@@ -158,36 +171,46 @@ def _binding(
         ],
     }
     if namespace:
-        binding["metadata"]["namespace"] = namespace
-    return binding
+        binding_object["metadata"]["namespace"] = namespace
+    return binding_object
 
 
-def namespace_roles(
+def namespace_role_name(policy: Policy, name: str = ROLE_NAME) -> str | None:
+    """The ClusterRole of the policy's DriverNamespace kinds, bound in each driver namespace;
+    None when the policy has none."""
+    return f"{name}-driver-namespaces" if _entries(policy, KindRule.DRIVER_NAMESPACE) else None
+
+
+def driver_namespace_role(policy: Policy, name: str = ROLE_NAME) -> dict[str, Any] | None:
+    """The rights of the policy's DriverNamespace kinds, as a ClusterRole granting nothing by
+    itself: only the RoleBindings of :func:`namespace_bindings` use it, one per namespace."""
+    role_name = namespace_role_name(policy, name)
+    if role_name is None:
+        return None
+    kinds = _entries(policy, KindRule.DRIVER_NAMESPACE)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": role_name, "labels": {"app.kubernetes.io/name": "dra-gatekeeper"}},
+        "rules": [rule for spec in kinds for rule in _kind_rules(spec, policy.drivers)],
+    }
+
+
+def namespace_bindings(
     policy: Policy, service_account: str = _SELF, name: str = ROLE_NAME
 ) -> list[dict[str, Any]]:
-    """A Role and its RoleBinding for the gatekeeper (``service_account``, namespace/name) in
-    each namespace a DriverNamespace kind is reached in: the namespaces of the ServiceAccounts
-    the policy maps to drivers."""
-    kinds = _entries(policy, KindRule.DRIVER_NAMESPACE)
-    if not kinds:
+    """A RoleBinding of :func:`driver_namespace_role` to the gatekeeper (``service_account``,
+    namespace/name) in each namespace a DriverNamespace kind is reached in: the namespaces of
+    the ServiceAccounts the policy maps to drivers."""
+    role_name = namespace_role_name(policy, name)
+    if role_name is None:
         return []
-    rules = [rule for spec in kinds for rule in _kind_rules(spec, policy.drivers)]
     namespaces = sorted({user.split(":")[2] for user in policy.service_accounts})
-    own_namespace, own_name = service_account.split("/", 1)
-    out: list[dict[str, Any]] = []
-    for namespace in namespaces:
-        role = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {"app.kubernetes.io/name": "dra-gatekeeper"},
-            },
-            "rules": rules,
-        }
-        out += [role, _binding("Role", name, namespace, [(own_namespace, own_name)])]
-    return out
+    own = tuple(service_account.split("/", 1))
+    return [
+        _binding("ClusterRole", role_name, namespace, [(own[0], own[1])], binding="Role")
+        for namespace in namespaces
+    ]
 
 
 def driver_roles(policy: Policy) -> list[dict[str, Any]]:
@@ -223,15 +246,38 @@ def driver_roles(policy: Policy) -> list[dict[str, Any]]:
     return out
 
 
-def render_rbac(policy: Policy, name: str = ROLE_NAME, service_account: str = _SELF) -> str:
-    """Everything :func:`cluster_role`, :func:`namespace_roles` and :func:`driver_roles` say,
-    as YAML documents, each part under a comment saying whose it is."""
-    parts = [render_cluster_role(policy, name)]
-    if roles := namespace_roles(policy, service_account, name):
-        parts.append(
+def render_rbac(
+    policy: Policy,
+    name: str = ROLE_NAME,
+    service_account: str = _SELF,
+    *,
+    namespace_bindings_too: bool = True,
+) -> str:
+    """Everything the policy needs outside the gatekeeper, as YAML documents, each part under a
+    comment saying whose it is: the gatekeeper's ClusterRole and its binding, the
+    DriverNamespace ClusterRole and (unless ``namespace_bindings_too`` is false: the deployment
+    leaves them to ``publish-ca --bind-role``) its RoleBindings, the drivers' own roles."""
+    namespace, account = service_account.split("/", 1)
+    parts = [
+        render_cluster_role(policy, name)
+        + "---\n"
+        + _dump_all([_binding("ClusterRole", name, "", [(namespace, account)])])
+    ]
+    if (role := driver_namespace_role(policy, name)) is not None:
+        bindings = namespace_bindings(policy, service_account, name)
+        where = ", ".join(b["metadata"]["namespace"] for b in bindings)
+        text = (
             "# The gatekeeper's rights on rule DriverNamespace kinds, only in the namespaces the "
-            "policy maps drivers' ServiceAccounts to.\n" + _dump_all(roles)
+            f"policy maps drivers' ServiceAccounts to ({where}): a RoleBinding of this "
+            "ClusterRole in each. `publish-ca --bind-role "
+            f"{role['metadata']['name']} --bind-service-account {service_account}` makes them "
+            "as the namespaces appear"
         )
+        if namespace_bindings_too:
+            parts.append(text + "; or apply these.\n" + _dump_all([role, *bindings]))
+        else:
+            parts.append(text + " (the chart and deploy/ca-distribution.yaml run it).\n"
+                         + _dump_all([role]))  # fmt: skip
     if roles := driver_roles(policy):
         parts.append(
             "# What each driver's OWN ServiceAccount needs: rule DriverCredentials kinds are "
@@ -324,8 +370,11 @@ def run_policy_command(args: Sequence[str]) -> int:
         if ns.command == "vap":
             text = render_admission_policy(policy, ns.service_account, ns.name)
         elif ns.command == "deploy":
-            rbac_text = render_rbac(policy, ns.name, ns.service_account)
-            text = run_deploy(ns, served, policy, rbac_text)
+
+            def rbac_for(service_account: str) -> str:
+                return render_rbac(policy, ns.name, service_account, namespace_bindings_too=False)
+
+            text = run_deploy(ns, served, policy, rbac_for, namespace_role_name(policy, ns.name))
         else:
             text = render_rbac(policy, ns.name, ns.service_account)
     except (ConfigError, ValueError) as exc:

@@ -41,6 +41,7 @@ __all__ = [
     "delete_options",
     "read_envelope",
     "with_resource_version",
+    "without_maintained_fields",
 ]
 
 MAGIC = b"k8s\x00"
@@ -51,6 +52,9 @@ _API_VERSION, _KIND = 1, 2
 _OBJECT_META = 1
 _META_NAME, _META_NAMESPACE, _META_RESOURCE_VERSION = 1, 3, 6
 _META_MAPS = {11: "metadata.labels", 12: "metadata.annotations"}
+# ObjectMeta's generation (7) and managedFields (17): kept from a body by the apiserver (a create's
+# generation; managedFields that are not empty), though only the apiserver maintains them.
+_META_MAINTAINED = frozenset({7, 17})
 _MAP_KEY, _MAP_VALUE = 1, 2
 _ENVELOPE_FIELDS = frozenset({_TYPE_META, _RAW, _CONTENT_ENCODING, _CONTENT_TYPE})
 _TYPE_META_FIELDS = frozenset({_API_VERSION, _KIND})
@@ -153,6 +157,24 @@ def with_resource_version(body: bytes, resource_version: str) -> bytes:
     meta = _object_meta(raw)
     meta = replace_field(meta, "metadata", _META_RESOURCE_VERSION, resource_version.encode())
     raw = replace_field(raw, "object", _OBJECT_META, meta, first=True)
+    return MAGIC + replace_field(unknown, "envelope", _RAW, raw)
+
+
+def without_maintained_fields(body: bytes) -> bytes:
+    """``body`` without ObjectMeta's generation and managedFields, every other byte as sent (the
+    same bytes when it has neither): the apiserver then keeps its own (an update's stored
+    managedFields, a create's new ones), as it does for a body that leaves them out."""
+    read_envelope(body)  # well-formed and unambiguous, or ProtobufError
+    unknown, _, raw = _unknown(body)
+    meta = _object_meta(raw)
+    kept = b"".join(
+        meta[item.start : item.end]
+        for item in fields(meta, "metadata")
+        if item.number not in _META_MAINTAINED
+    )
+    if kept == meta:
+        return body
+    raw = replace_field(raw, "object", _OBJECT_META, kept, first=True)
     return MAGIC + replace_field(unknown, "envelope", _RAW, raw)
 
 

@@ -1,3 +1,4 @@
-"""Listening: sockets, TLS, connection caps, and who is calling (identity per connection)."""
+"""Listening: sockets, TLS and its requested certificate, connection caps, and who is calling
+(:mod:`gatekeeper.listen.identity`)."""
 
 __all__: list[str] = []

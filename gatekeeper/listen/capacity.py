@@ -17,16 +17,12 @@ import asyncio
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from gatekeeper.audit import build_event
 from gatekeeper.audit.flow import Client, Flow
-from gatekeeper.errors import Refusal
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
-from gatekeeper.listen.identity import identify
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.types import Identity
 
 __all__ = ["CALLER_ANNOTATION", "UNAUTHENTICATED", "ConnectionGuard", "Ticket"]
 
@@ -75,28 +71,8 @@ class ConnectionGuard:
         """Requests aiohttp refused before the handler (answered with a Status)."""
         self.header_timeouts = 0
         """Connections closed because a request's headers did not complete in time."""
-        self.on_identified: Callable[[Identity], None] | None = None
-        """Called once per identified connection (the server notes a certificate's expiry)."""
         self._unauthenticated: dict[ListenerKind, OrderedDict[Ticket, None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-
-    def client_of(self, transport: Any) -> Client:
-        """Who a new connection is, once, when it is made: its listener kind and the identity
-        every request on it carries (the socket's directory, the verified certificate's CN), or
-        the refusal each of them gets; a token listener's callers show themselves per request.
-        """
-        sockname = transport.get_extra_info("sockname")
-        if isinstance(sockname, tuple) and sockname[1] in self.gatekeeper.token_ports:
-            return Client(ListenerKind.TOKEN)
-        unix = isinstance(sockname, str) and sockname
-        listener = ListenerKind.UNIX if unix else ListenerKind.MTLS
-        try:
-            identity = identify(transport, self.gatekeeper.socket_drivers)
-        except Refusal as refusal:
-            return Client(listener, refusal=refusal)
-        if self.on_identified is not None:
-            self.on_identified(identity)
-        return Client(listener, identity)
 
     def driver_of(self, client: Client) -> str | None:
         """The driver a connection is counted as: its identity's, when the policy allows that

@@ -31,14 +31,12 @@ from aiohttp.web import BaseRequest, RequestHandler, Server
 from gatekeeper.audit.flow import Client
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
 from gatekeeper.listen.capacity import UNAUTHENTICATED, ConnectionGuard, Ticket
+from gatekeeper.listen.identity import Connection, Identifier, ReviewCaller, source_key
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Decision
-from gatekeeper.proxy.deciding import Connection
 from gatekeeper.proxy.pipeline import Handler, build_handler
-from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.rule import Rule
 from gatekeeper.status import status_body
-from gatekeeper.upstream.reviewbudget import ReviewCaller, source_key
 
 __all__ = ["GuardedRunner"]
 
@@ -59,9 +57,12 @@ class _GuardedHandler(RequestHandler, Connection):
     reviews: ReviewCaller
     """This connection in the token listener's review budget (its address, its buckets)."""
 
-    def __init__(self, manager: Server, guard: ConnectionGuard, **kwargs: Any) -> None:
+    def __init__(
+        self, manager: Server, guard: ConnectionGuard, identifier: Identifier, **kwargs: Any
+    ) -> None:
         super().__init__(manager, **kwargs)
         self.guard = guard
+        self.identifier = identifier
         self._refused = False
         self._refused_transport: asyncio.BaseTransport | None = None
         self._header_timer: asyncio.TimerHandle | None = None
@@ -73,7 +74,7 @@ class _GuardedHandler(RequestHandler, Connection):
         return None if self.ticket is None else self.ticket.caller
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.client = client = self.guard.client_of(transport)
+        self.client = client = self.identifier.client_of(transport)
         token = client.listener is ListenerKind.TOKEN
         peer = transport.get_extra_info("peername") if token else None
         self.reviews = ReviewCaller(source_key(peer[0] if isinstance(peer, tuple) else None))
@@ -220,10 +221,13 @@ class _GuardedServer(Server):
     """aiohttp's low-level server, making :class:`_GuardedHandler` connections that all run
     the one pipeline handler (no router: every request target reaches it)."""
 
-    def __init__(self, guard: ConnectionGuard, handler: Handler, **kwargs: Any) -> None:
+    def __init__(
+        self, guard: ConnectionGuard, identifier: Identifier, handler: Handler, **kwargs: Any
+    ) -> None:
         loop = asyncio.get_running_loop()
         super().__init__(handler, handler_cancellation=True, loop=loop)
         self.guard = guard
+        self.identifier = identifier
         self.connection_arguments = {"loop": loop, **kwargs}
         """What every connection is made with (aiohttp's ``RequestHandler`` arguments)."""
         made = self.request_factory
@@ -243,7 +247,7 @@ class _GuardedServer(Server):
         self.request_factory = request_factory
 
     def __call__(self) -> RequestHandler:
-        return _GuardedHandler(self, self.guard, **self.connection_arguments)
+        return _GuardedHandler(self, self.guard, self.identifier, **self.connection_arguments)
 
 
 class _Answered(AbstractAccessLogger):
@@ -257,19 +261,22 @@ class _Answered(AbstractAccessLogger):
 
 class GuardedRunner(web.ServerRunner):
     """The runner of the gatekeeper's listeners: its connections follow ``limits``, carry the
-    :class:`~gatekeeper.audit.flow.Client` they were identified as, and every request on them
-    takes the pipeline composed once (:func:`~gatekeeper.proxy.pipeline.build_handler`).
+    :class:`~gatekeeper.audit.flow.Client` ``identifier`` made of them, and every request on
+    them takes the pipeline composed once (:func:`~gatekeeper.proxy.pipeline.build_handler`),
+    identified by ``identifier``.
 
     Made in a running loop; ``kwargs`` go to aiohttp's ``ServerRunner`` (``shutdown_timeout``).
     """
 
     def __init__(
-        self, gatekeeper: Gatekeeper, limits: Limits = DEFAULT_LIMITS, **kwargs: Any
+        self, identifier: Identifier, limits: Limits = DEFAULT_LIMITS, **kwargs: Any
     ) -> None:
+        gatekeeper = identifier.gatekeeper
         self.guard = ConnectionGuard(gatekeeper, limits)
         server = _GuardedServer(
             self.guard,
-            build_handler(gatekeeper),
+            identifier,
+            build_handler(gatekeeper, identifier.identify),
             keepalive_timeout=limits.keepalive_timeout,
             access_log=log,
             access_log_class=_Answered,

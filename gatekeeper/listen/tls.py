@@ -1,9 +1,11 @@
-"""The mTLS listener's TLS: a context that follows its files, and failed handshakes made visible.
+"""The TLS listeners' contexts, and failed handshakes made visible.
 
-The listening socket keeps one :class:`ServerTLS` context for its whole life; each new
-connection's handshake switches to the context built from the files as they were at the last
-:meth:`ServerTLS.reload`, so a renewed serving certificate or client CA applies to the next
-connection without a restart, and established ones are untouched (DESIGN §4.2).
+The listening socket keeps one context for its whole life; each new connection's handshake
+switches to the listener's current one, so a renewed serving certificate or client CA applies
+to the next connection without a restart, and established ones are untouched (DESIGN §4.2).
+The current context comes from files (:class:`ServerTLS`, as they were at the last
+:meth:`ServerTLS.reload`) or from a pair held in memory (:class:`IssuedTLS`, the token
+listener's certificate from the CSR API: its key is never written to a file).
 
 The client certificate is required at the handshake (DESIGN §4.2): a connection without one,
 or with one from another CA, never reaches HTTP. The listener runs its handshakes itself
@@ -13,11 +15,13 @@ once per peer address and minute (for at most a bounded number of addresses a mi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import ssl
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +29,14 @@ from pathlib import Path
 from gatekeeper.codec.certdates import first_pem_certificate, not_after
 from gatekeeper.errors import ConfigError
 
-__all__ = ["ServerTLS", "TLSFiles", "certificate_expiry", "file_identity"]
+__all__ = [
+    "IssuedTLS",
+    "ListenerTLS",
+    "ServerTLS",
+    "TLSFiles",
+    "certificate_expiry",
+    "file_identity",
+]
 
 log = logging.getLogger("gatekeeper.tls")
 
@@ -70,13 +81,18 @@ class TLSFiles:
         return tuple(file_identity(p) for p in files if p is not None)
 
 
-def _build_context(files: TLSFiles) -> ssl.SSLContext:
+def _server_context() -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # The token listener: the driver is its bearer token's (TokenReview), not a certificate's;
+    # rest.InClusterConfig() presents none. The mTLS listener asks for one below.
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _build_context(files: TLSFiles) -> ssl.SSLContext:
+    context = _server_context()
     if files.client_ca_file is None:
-        # The token listener: the driver is its bearer token's (TokenReview), not a
-        # certificate's; rest.InClusterConfig() presents none.
-        context.verify_mode = ssl.CERT_NONE
         _load_pair(context, files.cert_file, files.key_file)
         return context
     # SECURITY: docs/operating.md#limits — the certificate is required and verified at the
@@ -136,51 +152,64 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class ServerTLS:
-    """A TLS listener's context, following its files (see the module docstring).
+@contextlib.contextmanager
+def _memory_files(*contents: bytes) -> Iterator[list[str]]:
+    """Paths that read as ``contents`` for as long as the block runs, for ssl's loaders (which
+    read only files): anonymous memory files (Linux ``memfd``), on no file system; elsewhere
+    files in a private temporary directory, removed at once."""
+    if hasattr(os, "memfd_create"):
+        fds = [os.memfd_create("dra-gatekeeper-tls", os.MFD_CLOEXEC) for _ in contents]
+        try:
+            for fd, data in zip(fds, contents, strict=True):
+                os.write(fd, data)
+            yield [f"/proc/self/fd/{fd}" for fd in fds]
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="dra-gatekeeper-tls-") as directory:
+        paths = []
+        for n, data in enumerate(contents):
+            path = os.path.join(directory, str(n))
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(data)
+            paths.append(path)
+        yield paths
 
-    Build it with :meth:`load` (ConfigError on unreadable files, before anything listens); give
-    :attr:`context` to the listening socket. ``on_handshake_failure(peer, reason)`` is called for
-    every failed handshake.
-    """
 
-    def __init__(self, files: TLSFiles, context: ssl.SSLContext) -> None:
-        self.files = files
+def _pem_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    """A token listener's context for a serving pair held in memory; ValueError if it does not
+    load (the two do not match, or either is not PEM)."""
+    context = _server_context()
+    with _memory_files(cert_pem, key_pem) as (cert_path, key_path):
+        try:
+            context.load_cert_chain(cert_path, key_path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"the serving pair does not load: {_reason(exc)}") from None
+    return context
+
+
+class ListenerTLS:
+    """A TLS listener's context (see the module docstring): give :attr:`context` to the
+    listening socket; each handshake switches to :attr:`current`.
+    ``on_handshake_failure(peer, reason)`` is called for every failed handshake."""
+
+    def __init__(self, context: ssl.SSLContext, listening: ssl.SSLContext) -> None:
         self.on_handshake_failure: Callable[[str, str], None] = lambda peer, reason: None
-        self._loaded = files.identity()
         self._current = context
         self._logged: dict[str, float] = {}
         self._flood_logged = -_LOG_EVERY_SECONDS
-        # The listening context is the first one built; every handshake switches to the one
-        # built at the last reload (ssl's documented use of sni_callback, called with no name
-        # too: clients connecting to an address send none), before the certificates are sent
-        # or the client's verified. The callback holds this object, not the other way round.
-        self.context = _build_context(files)
+        # The listening context is the first one built; every handshake switches to the
+        # current one (ssl's documented use of sni_callback, called with no name too: clients
+        # connecting to an address send none), before the certificates are sent or the
+        # client's verified. The callback holds this object, not the other way round.
+        self.context = listening
         self.context.sni_callback = self._choose
-
-    @classmethod
-    def load(cls, files: TLSFiles) -> ServerTLS:
-        """The context for ``files``; ConfigError naming the flag and file on any problem."""
-        return cls(files, _build_context(files))
 
     @property
     def current(self) -> ssl.SSLContext:
         """The context new connections get."""
         return self._current
-
-    def changed(self) -> bool:
-        """Whether a file changed (inode, size or mtime) since the last load."""
-        return self.files.identity() != self._loaded
-
-    def reload(self) -> None:
-        """Load the files again; new connections use them. ConfigError keeps the old ones."""
-        identity = self.files.identity()
-        context = _build_context(self.files)
-        self._current, self._loaded = context, identity
-
-    def not_after(self) -> datetime:
-        """When the serving certificate expires."""
-        return certificate_expiry(self.files.cert_file)
 
     def _choose(
         self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _old: ssl.SSLContext
@@ -207,3 +236,44 @@ class ServerTLS:
             return
         self._logged[peer] = now
         log.warning("tls handshake failed peer=%s reason=%s", peer, reason)
+
+
+class ServerTLS(ListenerTLS):
+    """A TLS listener's context following its files. Build it with :meth:`load` (ConfigError
+    on unreadable files, before anything listens)."""
+
+    def __init__(self, files: TLSFiles, context: ssl.SSLContext) -> None:
+        super().__init__(context, _build_context(files))
+        self.files = files
+        self._loaded = files.identity()
+
+    @classmethod
+    def load(cls, files: TLSFiles) -> ServerTLS:
+        """The context for ``files``; ConfigError naming the flag and file on any problem."""
+        return cls(files, _build_context(files))
+
+    def changed(self) -> bool:
+        """Whether a file changed (inode, size or mtime) since the last load."""
+        return self.files.identity() != self._loaded
+
+    def reload(self) -> None:
+        """Load the files again; new connections use them. ConfigError keeps the old ones."""
+        identity = self.files.identity()
+        context = _build_context(self.files)
+        self._current, self._loaded = context, identity
+
+    def not_after(self) -> datetime:
+        """When the serving certificate expires."""
+        return certificate_expiry(self.files.cert_file)
+
+
+class IssuedTLS(ListenerTLS):
+    """The token listener's context for a serving pair held in memory (the CSR API's), swapped
+    by :meth:`use` when a new one is issued; ValueError when a pair does not load."""
+
+    def __init__(self, cert_pem: bytes, key_pem: bytes) -> None:
+        super().__init__(_pem_context(cert_pem, key_pem), _pem_context(cert_pem, key_pem))
+
+    def use(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """New connections get this pair (established ones keep theirs)."""
+        self._current = _pem_context(cert_pem, key_pem)

@@ -25,7 +25,7 @@ from aiohttp import web
 from yarl import URL
 
 from gatekeeper.listen.connections import GuardedRunner
-from gatekeeper.listen.tls import ServerTLS
+from gatekeeper.listen.tls import ListenerTLS
 from gatekeeper.listenerkind import ListenerKind
 
 __all__ = ["TLSGateSite"]
@@ -51,7 +51,7 @@ class TLSGateSite(web.BaseSite):
         self,
         runner: GuardedRunner,
         sock: socket.socket,
-        tls: ServerTLS,
+        tls: ListenerTLS,
         *,
         listener: ListenerKind = ListenerKind.MTLS,
         backlog: int = 128,

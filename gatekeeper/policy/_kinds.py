@@ -45,21 +45,35 @@ def build_kind(raw: RawKind) -> KindSpec:
         list_selector=ListSelectorMode(keys.get("listSelector", ListSelectorMode.REQUIRE.value)),
         fill=frozenset(Field(value) for value in keys.get("fill", ())),
         pool_separators=separators,
-        encodings=_encodings(raw.group, keys.get("encodings")),
+        encodings=_encodings(raw, rule),
         apiserver_immutable_confirmed=_check_apiserver_immutable(raw, versions),
         read_across_nodes=keys.get("readAcrossNodes", False),
     )
 
 
-def _encodings(group: str, given: list[str] | None) -> frozenset[str]:
+def _encodings(raw: RawKind, rule: KindRule) -> frozenset[str]:
     """``encodings``: request body encodings accepted. Protobuf and CBOR are decoded by the
     apiserver in a dry run (JSON is always read), so only kinds it serves built in can take
-    them (a custom resource endpoint cannot read protobuf). The default is what client-go sends:
-    ``[json, protobuf]`` for a built-in group (its typed clients write protobuf, with no
-    fallback on a 415), ``[json]`` for any other."""
-    if given is not None:
-        return frozenset(given)
-    return frozenset({"json", "protobuf"} if group in BUILT_IN_GROUPS else {"json"})
+    protobuf: a custom resource endpoint cannot read it, and kube-apiserver 1.36.3 panics on a
+    protobuf write of one (the connection is closed), a dry run included. The default is what
+    client-go sends: ``[json, protobuf]`` for a built-in group (its typed clients write
+    protobuf, with no fallback on a 415), ``[json]`` for any other."""
+    given = raw.keys.get("encodings")
+    if given is None:
+        return frozenset({"json", "protobuf"} if raw.group in BUILT_IN_GROUPS else {"json"})
+    encodings = frozenset(given.value)
+    custom = raw.group not in BUILT_IN_GROUPS
+    if "protobuf" in encodings and custom and rule is not KindRule.DRIVER_CREDENTIALS:
+        # SECURITY: docs/policy.md "Request bodies" — the gatekeeper's own dry run of such a
+        # body would crash the apiserver's request under the gatekeeper's credentials.
+        given.fail(
+            f"{raw.qualified} is a custom resource (its group is not one the apiserver serves "
+            "built in), and a custom resource takes no protobuf bodies: its endpoint cannot "
+            "decode them, and kube-apiserver 1.36.3 panics on a protobuf write of one (the "
+            "gatekeeper's dry run would meet it under its own credentials); list json and cbor "
+            "only"
+        )
+    return encodings
 
 
 def _versions(raw: RawKind, rule: KindRule, separators: tuple[str, ...]) -> dict[str, VersionSpec]:

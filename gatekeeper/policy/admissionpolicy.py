@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from gatekeeper.codec.jsonpath import FieldPath
 from gatekeeper.policy._celtext import unchanged_but
+from gatekeeper.policy._managedcel import managed_fields_expression
 from gatekeeper.policy.cel import CelRules, Program, rewrite
 from gatekeeper.policy.model import (
     ANY_DRIVER,
@@ -102,7 +103,14 @@ def export_policy(policy: Policy, drivers: Iterable[str] = ()) -> PolicyExport:
             "variables.node != ''",
             "the gatekeeper's credential names no node (authentication.kubernetes.io/node-name): "
             "it must be the pod-bound ServiceAccount token of a gatekeeper pod",
-        )
+        ),
+        Exported(
+            "Every kind: metadata.managedFields change only as the apiserver records the write "
+            "(one entry, the writer's; the others lose only the fields it took over).",
+            managed_fields_expression(),
+            "metadata.managedFields may change only as the apiserver records this write: a "
+            "write may not set them",
+        ),
     ]
     skipped: list[NotExported] = []
     rules: dict[tuple[str, str], set[str]] = {}

@@ -1,8 +1,10 @@
 """The engine's one conversation, sans I/O: screen, read the body, plan, fetch, preview, decide.
 
 :func:`conversation` is a generator (mitmproxy's layers work the same way): it yields each thing
-it needs read — the request body (:data:`BODY`), the stored object (:class:`Fetch`), the dry run a
-patch or an encoded body needs (:class:`~gatekeeper.policy.plan.Preview`) — and returns the one
+it needs read — the request body (:data:`BODY`), the stored object (:class:`Fetch`), the dry run
+a write is decided on when the apiserver alone knows what it stores
+(:class:`~gatekeeper.policy.plan.Preview`, from the write's one prediction,
+:func:`~gatekeeper.policy.stored.predict`) — and returns the one
 :class:`~gatekeeper.policy.decision.Decision`. Whoever drives it answers each step with its own
 readers: the proxy with the driver's request and the upstream, ``audit check`` with the log,
 tests with what they are given (:func:`converse`). So all three decide by the same calls in the
@@ -16,12 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gatekeeper.policy.decision import Decision
-from gatekeeper.policy.encoded import encoded_preview
 from gatekeeper.policy.engine import Engine
-from gatekeeper.policy.integrity import stored_resource_version
-from gatekeeper.policy.patching import PatchError, pin_patch
-from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.request.encoded import EncodedBody
+from gatekeeper.policy.plan import Preview
+from gatekeeper.policy.stored import predict
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import Identity, KubeObject
 
@@ -34,10 +33,7 @@ __all__ = [
     "Step",
     "conversation",
     "converse",
-    "preview_of",
 ]
-
-_JSON = "application/json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,32 +85,16 @@ def conversation(
         fetched = yield Fetch(plan.fetch)
         assert fetched is None or isinstance(fetched, dict)
         current = fetched
-    proposed: Preview | None = None
-    if (preview := preview_of(plan, body, current)) is not None:
-        answered = yield preview
-        assert isinstance(answered, Preview)
-        proposed = answered
-    return engine.decide(plan, body, current, proposed)
-
-
-def preview_of(plan: Plan, body: Any, current: KubeObject | None) -> Preview | None:
-    """The dry-run request a strategic-merge or apply patch of ``current``, or a body only the
-    apiserver decodes, needs; or None.
-
-    Only for a stored object the caller may touch: nothing about another driver's object is
-    asked of the apiserver. A patch that cannot be pinned is refused by ``decide``.
-    """
-    if isinstance(body, EncodedBody):
-        return encoded_preview(plan, body, current)
-    if not plan.previews or current is None:
-        return None
-    if not isinstance(body, dict) or not plan.owns(current):
-        return None
-    try:
-        pinned = pin_patch(plan.media_type, body, stored_resource_version(current))
-    except PatchError:
-        return None
-    return Preview(plan.info, pinned, plan.media_type)
+    # What the write stores, predicted once (stored.predict): refused before anything is
+    # asked, known here, or asked of the apiserver; the engine decides on this one prediction.
+    stored = predict(plan, body, current)
+    if isinstance(stored, Decision):
+        return stored
+    if stored is not None and stored.preview is not None:
+        answer = yield stored.preview
+        assert isinstance(answer, Preview)
+        stored = stored.answered(answer)
+    return engine.decide(plan, body, current, stored)
 
 
 def converse(

@@ -1,9 +1,10 @@
 """Create and update bodies the apiserver decodes (protobuf, CBOR), purely (DESIGN §4.4).
 
 The plan asks for a dry run of the driver's exact bytes (``dryRun=All``, answered in JSON),
-pinned to the fetched resourceVersion for an update; the decision is the one a JSON body equal
-to that answer would get; the same bytes are what is forwarded. No API type is involved: the
-pin is a wire-format edit of meta/v1 ObjectMeta (:mod:`gatekeeper.codec.kubeproto`).
+pinned to the fetched resourceVersion for an update and without the apiserver-maintained
+generation and managedFields; the decision is the one a JSON body equal to that answer would
+get; the same bytes are what is forwarded. No API type is involved: both edits are wire-format
+edits of meta/v1 ObjectMeta (:mod:`gatekeeper.codec.kubeproto`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from gatekeeper.codec.kubeproto import ProtobufError, with_resource_version
+from gatekeeper.codec.jsonpath import get_field
+from gatekeeper.codec.kubeproto import (
+    ProtobufError,
+    with_resource_version,
+    without_maintained_fields,
+)
 from gatekeeper.policy.decision import Decision, answered, deny, forbid, rejected_preview
 from gatekeeper.policy.integrity import stale_conflict, stored_resource_version
 from gatekeeper.policy.model import Field, KindSpec
 from gatekeeper.policy.plan import Plan, Preview
-from gatekeeper.request.encoded import PROTOBUF, EncodedBody, encoding_name
+from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, encoding_name
 from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
@@ -59,13 +65,16 @@ def encoded_preview(plan: Plan, body: EncodedBody, current: KubeObject | None) -
     refused as stale without asking)."""
     if _envelope_mismatch(plan, body):
         return None
+    try:
+        raw = _without_maintained(body)
+    except ProtobufError:
+        return None
     if plan.info.verb == "create" or plan.unread:
         # An unread update carries its own resourceVersion: the dry run is conditional on it.
-        return Preview(plan.info, body.raw, body.media_type)
+        return Preview(plan.info, raw, body.media_type)
     if current is None or not plan.owns(current):
         return None
     stored = stored_resource_version(current)
-    raw = body.raw
     if body.envelope is not None:
         if body.resource_version not in ("", stored):
             return None
@@ -111,6 +120,8 @@ def encoded_json(
     decoded = _as_sent(proposed.result, body)
     if (problem := _generated_pool(plan, decoded)) is not None:
         return forbid(plan.driver, info, problem, rule=Rule.POOL_PREFIX)
+    if (problem := _brought_managed_fields(body, decoded)) is not None:
+        return forbid(plan.driver, info, problem, rule=Rule.FORBIDDEN_FIELD)
     return decoded
 
 
@@ -135,6 +146,28 @@ def encoded_decision(
             rule=Rule.NOT_OWNER,
         )
     return replace(decision, body=proposed.body, media_type=body.media_type)
+
+
+def _without_maintained(body: EncodedBody) -> bytes:
+    """The bytes to preview and forward: a protobuf object without the generation and
+    managedFields a driver could set in it (DESIGN §4.4: they change only by the apiserver's own
+    bookkeeping; an honest client re-sends the stored ones, which the apiserver then keeps)."""
+    if body.media_type != PROTOBUF or body.envelope is None:
+        return body.raw
+    return without_maintained_fields(body.raw)
+
+
+def _brought_managed_fields(body: EncodedBody, decoded: KubeObject) -> str | None:
+    """A CBOR create (bytes the gatekeeper has no codec to edit) whose dry run shows more
+    managedFields entries than the apiserver makes for a create: one, the writer's."""
+    entries = get_field(decoded, ("metadata", "managedFields"))
+    if body.media_type != CBOR or not isinstance(entries, list) or len(entries) <= 1:
+        return None
+    return (
+        "metadata.managedFields is maintained by the apiserver (it changes only as the "
+        f"apiserver's own record of a permitted write): the CBOR body brings entries of its own "
+        f"({len(entries)} in its dry run, where a create makes one, the writer's)"
+    )
 
 
 def _envelope_mismatch(plan: Plan, body: EncodedBody) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.codec.selectors import FieldRequirement, format_field_selector, parse_field_selector
 from gatekeeper.policy.admission import CelContext
+from gatekeeper.policy.changes import maintained_change
 from gatekeeper.policy.claims import CONTINUE_REFUSED, AllocationScope, request_refusal
 from gatekeeper.policy.decision import Decision, allow, deny, forbid
 from gatekeeper.policy.encoded import encoded_decision, encoded_json, unaccepted_encoding
@@ -41,16 +42,14 @@ from gatekeeper.policy.owners import (
     OwnObjectOwner,
 )
 from gatekeeper.policy.ownership import collection_pool_violation
-from gatekeeper.policy.plan import Ownership, Plan, Preview
+from gatekeeper.policy.plan import Ownership, Plan
+from gatekeeper.policy.stored import Stored, holds_null, predict
 from gatekeeper.request.encoded import EncodedBody
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.rule import Rule
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["ANSWERED_FROM_READ", "METHOD_NOT_ALLOWED", "Engine"]
-
-METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
-"""The apiserver's 405 message (recording 199: POST to a named path)."""
+__all__ = ["ANSWERED_FROM_READ", "Engine"]
 
 _JSON = "application/json"
 _COLLECTION_VERBS = frozenset({"list", "watch", "deletecollection"})
@@ -140,34 +139,40 @@ class Engine:
         plan: Plan,
         body: Any = None,
         current: KubeObject | None = None,
-        proposed: Preview | None = None,
+        stored: Stored | None = None,
     ) -> Decision:
         """Decide a planned request.
 
-        ``current`` is the object read at ``plan.fetch`` (None if absent); ``proposed`` the
-        preview (:func:`~gatekeeper.policy.conversation.preview_of`) of a strategic-merge or
-        apply patch, or of a body only the apiserver decodes, with the upstream's answer
-        (without one, a patch's result is approximated by a merge patch).
+        ``current`` is the object read at ``plan.fetch`` (None if absent); ``stored`` the
+        conversation's prediction of what a write stores
+        (:func:`~gatekeeper.policy.stored.predict`, made once, before any dry run), with the
+        upstream's answer when it asked for one. Without one (offline, a caller that predicted
+        nothing) a write's is made here, decided on its local result.
         """
         if plan.kind.rule is KindRule.DRIVER_CREDENTIALS:
             raw = body.raw if isinstance(body, EncodedBody) else body
             decision = allow("forwarded under the driver's own credentials", plan.info, raw)
             return replace(decision, media_type=plan.media_type, credentials=Credentials.DRIVER)
         if not isinstance(body, EncodedBody):
-            return self._decide_json(plan, body, current, proposed)
+            return self._decide_json(plan, body, current, stored)
         # A body only the apiserver decodes: decided as the JSON of its dry run, then
         # forwarded as the driver's own bytes (DESIGN §4.4).
+        predicted = stored if stored is not None else predict(plan, body, current)
+        proposed = predicted.preview if isinstance(predicted, Stored) else None
         decoded = encoded_json(plan, body, current, proposed)
         if isinstance(decoded, Decision):
             return decoded
-        json_plan = replace(plan, media_type=_JSON)
-        decision = self._decide_json(json_plan, decoded, current, None)
+        json_plan = replace(plan, media_type=_JSON, decoded=True)
         if decoded is None:
-            return decision
+            return self._decide_json(json_plan, decoded, current, None)
+        written = predict(json_plan, decoded, current)
+        if isinstance(written, Decision):
+            return written
+        decision = self._decide_json(json_plan, decoded, current, written)
         return encoded_decision(plan, body, decoded, decision, proposed)
 
     def _decide_json(
-        self, plan: Plan, body: Any, current: KubeObject | None, proposed: Preview | None
+        self, plan: Plan, body: Any, current: KubeObject | None, stored: Stored | None
     ) -> Decision:
         info = plan.info
         if info.verb == "deletecollection" and body is not None:
@@ -182,7 +187,7 @@ class Engine:
             return self._collection(plan)
         if plan.kind.rule in _NAMED and info.verb == "get":
             return allow(f"the caller's own {plan.kind.kind}, read-only", info)
-        return decide_object(plan, body, current, proposed)
+        return decide_object(plan, body, current, stored)
 
     def _screen(
         self, identity: Identity, info: RequestInfo
@@ -360,13 +365,6 @@ class Engine:
             return forbid(driver, info, why, rule=Rule.VERB_NOT_ALLOWED)
         if kind.rule is KindRule.ALLOCATED_TO_DRIVER and (refused := request_refusal(info)):
             return forbid(driver, info, refused, rule=Rule.STATUS_SUBRESOURCE_ONLY)
-        if info.verb == "create" and info.name and not info.subresource:
-            # A POST to a named path: the apiserver routes no create there (recording 199).
-            return replace(
-                deny(405, f"{info.method} to a named {kind.qualified} path"),
-                message=METHOD_NOT_ALLOWED,
-                details={},
-            )
         return None
 
     def _collection(self, plan: Plan) -> Decision:
@@ -467,6 +465,14 @@ def _unread_update(plan: Plan, body: Any) -> bool:
     if isinstance(body, EncodedBody):
         return bool(body.resource_version) and body.envelope is not None
     if not isinstance(body, dict) or not requested_resource_version(body):
+        return False
+    if maintained_change(body, {}) is not None:
+        # managedFields (or another apiserver-maintained field) restated: compared with what is
+        # stored, which needs the read.
+        return False
+    if holds_null(body):
+        # Decided on the apiserver's dry run (stored.predict), which is asked only about an
+        # object read first and known to be the caller's.
         return False
     # A node-owned object (no node name, a node selector) is not bound by an immutable name.
     node = get_field(body, version.paths[Field.NODE])

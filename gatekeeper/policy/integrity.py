@@ -8,10 +8,8 @@ import re
 from typing import Any
 
 from gatekeeper.codec.jsonpath import get_field
-from gatekeeper.policy.decision import REJECTED_PREVIEW, Decision, allow, answered, deny
+from gatekeeper.policy.decision import Decision, allow, deny
 from gatekeeper.policy.model import KindSpec
-from gatekeeper.policy.patching import PatchError, patched_object, pin_patch
-from gatekeeper.policy.plan import Preview
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
@@ -21,7 +19,6 @@ __all__ = [
     "body_shape",
     "checked_delete_options",
     "delete_options",
-    "patch_result",
     "pin_delete",
     "pin_resource_version",
     "pinned_update",
@@ -113,40 +110,6 @@ def stale_conflict(info: RequestInfo, kind: KindSpec, asked: str, stored: str) -
         kind=kind.resource,
         name=info.name,
     )
-
-
-def patch_result(
-    info: RequestInfo,
-    kind: KindSpec,
-    patch: Any,
-    current: KubeObject,
-    media_type: str,
-    proposed: Preview | None,
-) -> Decision | tuple[KubeObject, Any]:
-    """The object a patch of ``current`` would store and the patch pinned to ``current``'s
-    resourceVersion; or the refusal (409 stale, 422 not applicable, 400 wrong shape), or the
-    apiserver's own answer when it rejected the preview. Callers check ownership first.
-
-    With a ``proposed`` preview answered by the upstream, its result and its pinned patch (built
-    once, for the dry run) are used; without, the result is approximated by a merge patch.
-    """
-    if proposed is not None and proposed.rejected and proposed.result is not None:
-        # The real patch would fail the same way: the driver gets the apiserver's answer.
-        return answered(REJECTED_PREVIEW, proposed.code, proposed.result)
-    stored_rv = stored_resource_version(current)
-    if conflict := stale_conflict(info, kind, requested_resource_version(patch), stored_rv):
-        return conflict
-    try:
-        if proposed is not None and proposed.result is not None:
-            result, pinned = proposed.result, proposed.body
-        else:
-            result = patched_object(media_type, current, patch)
-            pinned = pin_patch(media_type, patch, stored_rv)
-    except PatchError as exc:
-        if exc.code != 422:
-            return deny(exc.code, str(exc))
-        return deny(422, str(exc), f'{kind.qualified} "{info.name}" is invalid: {exc}')
-    return body_shape(info, kind, result) or (result, pinned)
 
 
 def pin_delete(

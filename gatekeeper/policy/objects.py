@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from gatekeeper.codec.jsonpath import get_field
 from gatekeeper.policy.admission import DELETE, operation_of
-from gatekeeper.policy.decision import Decision, allow, answered, forbid, not_found
-from gatekeeper.policy.integrity import body_shape, patch_result, pin_delete, pinned_update
+from gatekeeper.policy.decision import Decision, allow, answered, deny, forbid, not_found
+from gatekeeper.policy.integrity import body_shape, pin_delete
 from gatekeeper.policy.model import KindRule
-from gatekeeper.policy.ownership import fill_missing
 from gatekeeper.policy.patching import APPLY
-from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.plan import Plan
+from gatekeeper.policy.stored import (
+    CREATING,
+    Stored,
+    apply_create_target,
+    object_name,
+    predict,
+    result_of,
+)
 from gatekeeper.rule import Rule
 from gatekeeper.types import KubeObject
 
@@ -22,8 +28,6 @@ __all__ = ["ANSWERED_FROM_READ", "decide_object"]
 ANSWERED_FROM_READ = "stored object belongs to the driver on this node; answered from that read"
 """The reason of a plain-JSON get answered with the object the decision was made on."""
 
-# The rules under which a driver creates objects (an apply of an absent one among them).
-_CREATING = frozenset({KindRule.NODE_LOCAL, KindRule.DRIVER_NAMESPACE, KindRule.CEL})
 # What an allowed request's audit reason says, by rule: (read, write).
 _REASONS = {
     KindRule.NODE_LOCAL: (
@@ -46,18 +50,20 @@ _REASONS = {
 
 
 def decide_object(
-    plan: Plan, body: Any, current: KubeObject | None, proposed: Preview | None
+    plan: Plan, body: Any, current: KubeObject | None, stored: Stored | None
 ) -> Decision:
     """A request on one object of ``plan``'s kind: ``current`` is the stored object read at
-    ``plan.fetch`` (None if absent), ``proposed`` a patch's preview with the upstream's answer."""
+    ``plan.fetch`` (None if absent), ``stored`` the write's prediction
+    (:func:`~gatekeeper.policy.stored.predict`, with the dry run's answer when it asked one;
+    made here for a caller that has none)."""
     info, kind = plan.info, plan.kind
     if info.verb == "create":
-        return _write(plan, body, None)
-    creating = kind.rule in _CREATING
+        return _write(plan, body, None, stored)
+    creating = kind.rule in CREATING
     if current is None and info.verb == "patch" and plan.media_type == APPLY and creating:
-        return _apply_create(plan, body)
+        return _apply_create(plan, body, stored)
     if current is None and plan.unread:
-        return _write(plan, body, None)
+        return _write(plan, body, None, stored)
     if current is None:
         return not_found(info, kind.qualified)
     if problem := plan.owner.stored(current):
@@ -69,12 +75,12 @@ def decide_object(
     if info.verb == "get":
         return _get(plan, current)
     if info.verb == "update":
-        return _write(plan, body, current)
+        return _write(plan, body, current, stored)
     if info.verb == "delete":
         if refusal := plan.context.refusal(plan.version.cel, DELETE, None, current):
             return refusal
         return pin_delete(info, kind, body, current, _reason(plan, read=True))
-    return _patch(plan, body, current, proposed)
+    return _patch(plan, body, current, stored)
 
 
 def _reason(plan: Plan, *, read: bool) -> str:
@@ -83,13 +89,14 @@ def _reason(plan: Plan, *, read: bool) -> str:
 
 
 def _get(plan: Plan, current: KubeObject) -> Decision:
+    if plan.answer_from_fetch:
+        # The object checked is the answer: a second read could return another object
+        # (deleted and re-created by someone else in between) unchecked, and costs the
+        # apiserver a request.
+        return answered(ANSWERED_FROM_READ, 200, current)
     if plan.owner.hidden:
         # Forwarded, and its answer filtered again: the object may change in between.
         return allow(_reason(plan, read=True), plan.info, filter=_filter(plan))
-    if plan.answer_from_fetch:
-        # The object checked is the answer: a second read could return another object
-        # (deleted and re-created by someone else in between) unchecked.
-        return answered(ANSWERED_FROM_READ, 200, current)
     return allow(_reason(plan, read=True), plan.info)
 
 
@@ -99,42 +106,69 @@ def _filter(plan: Plan) -> Any:
     return owner
 
 
-def _write(plan: Plan, body: Any, current: KubeObject | None) -> Decision:
+def _write(plan: Plan, body: Any, current: KubeObject | None, stored: Stored | None) -> Decision:
     """A create (``current`` None), or an update of ``current`` (of an object not read, for
-    ``plan.unread``) with the object ``body``."""
-    info, kind, version = plan.info, plan.kind, plan.version
-    if refusal := body_shape(info, kind, body):
-        return refusal
-    assert isinstance(body, dict)
-    body = fill_missing(kind, version, body, plan.driver, plan.node_name)
-    name = get_field(body, ("metadata", "name")) or None
-    if problem := plan.owner.written(body, current):
-        return forbid(plan.driver, info, problem, name=name if isinstance(name, str) else None)
-    operation = "UPDATE" if plan.unread else operation_of(info.verb, current)
-    if refusal := plan.context.refusal(version.cel, operation, body, current, scoped=_scoped(plan)):
-        return refusal
-    if current is not None:
-        pinned = pinned_update(info, kind, body, current)
-        if isinstance(pinned, Decision):
-            return pinned
-        body = pinned
-    return allow(_reason(plan, read=False), info, body)
+    ``plan.unread``), decided on what it stores."""
+    known = _prediction(plan, body, current, stored)
+    if isinstance(known, Decision):
+        return known
+    operation = "UPDATE" if plan.unread else operation_of(plan.info.verb, current)
+    refusal = _refusal(plan, known, current, operation, name=object_name(known.pinned))
+    return refusal or allow(_reason(plan, read=False), plan.info, known.pinned)
 
 
-def _patch(plan: Plan, patch: Any, current: KubeObject, proposed: Preview | None) -> Decision:
-    info = plan.info
-    prepared = patch_result(info, plan.kind, patch, current, plan.media_type, proposed)
-    if isinstance(prepared, Decision):
-        return prepared
-    result, pinned = prepared
-    if problem := plan.owner.written(result, current):
-        return forbid(plan.driver, info, problem.prefixed("after the patch, "))
-    refusal = plan.context.refusal(
-        plan.version.cel, operation_of("patch", current), result, current, scoped=_scoped(plan)
-    )
-    if refusal:
+def _patch(plan: Plan, patch: Any, current: KubeObject, stored: Stored | None) -> Decision:
+    """A patch, decided on its one prediction (:mod:`gatekeeper.policy.stored`): the result
+    computed here or the apiserver's dry run, as it chose."""
+    known = _prediction(plan, patch, current, stored)
+    if isinstance(known, Decision):
+        return known
+    operation = operation_of("patch", current)
+    refusal = _refusal(plan, known, current, operation, prefix="after the patch, ")
+    return refusal or allow(_reason(plan, read=False), plan.info, known.pinned, plan.media_type)
+
+
+def _refusal(
+    plan: Plan, known: Stored, current: KubeObject | None, operation: str, *, prefix: str = "",
+    name: str | None = None,
+) -> Decision | None:  # fmt: skip
+    """The refusal of what the write stores (the object its prediction decides on); None when
+    the rules and CEL let it be stored."""
+    result = result_of(known, current)
+    if isinstance(result, Decision):
+        if known.preview is not None and known.preview.rejected and known.local is not None:
+            # The apiserver refused the dry run, so the write fails whatever is decided here.
+            # Where the gatekeeper's own rules refuse the object read here too, that refusal
+            # is the answer (its rule and validation reach the audit), else the apiserver's.
+            return _object_refusal(plan, known.local, current, operation, prefix, name) or result
+        return result
+    # The shape of a body read here was checked with its prediction (stored._written).
+    checked = known.preview is None and plan.info.verb != "patch"
+    if not checked and (refusal := body_shape(plan.info, plan.kind, result)):
         return refusal
-    return allow(_reason(plan, read=False), info, pinned, plan.media_type)
+    return _object_refusal(plan, result, current, operation, prefix, name)
+
+
+def _object_refusal(
+    plan: Plan, obj: Any, current: KubeObject | None, operation: str, prefix: str,
+    name: str | None,
+) -> Decision | None:  # fmt: skip
+    """Whose ``obj`` is, then the kind's CEL, on ``obj`` stored over ``current``."""
+    if problem := plan.owner.written(obj, current):
+        return forbid(plan.driver, plan.info, problem.prefixed(prefix), name=name)
+    cel = plan.version.cel
+    return plan.context.refusal(cel, operation, obj, current, scoped=_scoped(plan))
+
+
+def _prediction(
+    plan: Plan, body: Any, current: KubeObject | None, stored: Stored | None
+) -> Decision | Stored:
+    """The conversation's prediction, or (a caller that made none) the one made here."""
+    known = stored if stored is not None else predict(plan, body, current)
+    if known is None:
+        # predict makes one for every write decide_object reaches: fail closed if not.
+        return deny(500, "no prediction of what the write stores")
+    return known
 
 
 def _scoped(plan: Plan) -> tuple[str, ...]:
@@ -142,19 +176,12 @@ def _scoped(plan: Plan) -> tuple[str, ...]:
     return ("object",) if plan.kind.rule is KindRule.CEL else ()
 
 
-def _apply_create(plan: Plan, body: Any) -> Decision:
-    # SECURITY: DESIGN §4.4 — the apiserver ignores a resourceVersion precondition when an
-    # apply creates, so an apply could land on an object created after our check. Forwarding
-    # it as a create (POST) makes that race fail with 409 AlreadyExists instead.
-    decision = _write(plan, body, None)
-    if not decision.allowed:
+def _apply_create(plan: Plan, body: Any, stored: Stored | None) -> Decision:
+    # SECURITY: DESIGN §4.4 — an apply of an absent object is forwarded as a create, or as
+    # the apply where the apiserver refuses to change its owner fields (apply_create_target).
+    decision = _write(plan, body, None, stored)
+    if not decision.allowed or not decision.forwards:
         return decision
+    target, media_type = apply_create_target(plan)
     reason = "applied object is created for the driver on this node"
-    if plan.version.owner_fields_immutable:
-        # ... unless the apiserver itself refuses to change driver, node and pool of an
-        # existing object (policy ``apiserverImmutable``; recordings 171-173): then an apply
-        # landing on an object created in between fails there (409 conflict or 422
-        # immutable), and forwarding the apply keeps its field ownership (Apply, not Update),
-        # so the next apply with changed values succeeds, as it would without the gatekeeper.
-        return allow(reason, plan.info, decision.body, APPLY)
-    return allow(reason, plan.info.as_create(), decision.body)
+    return allow(reason, target, decision.body, media_type)

@@ -1,29 +1,24 @@
-"""Patches, purely: the object a patch would store, and the patch pinned to what was checked.
-
-DESIGN §4.4: decide on the result, then forward the client's patch with a resourceVersion
-precondition so that it lands only on the object that was checked.
-"""
+"""Patches, purely: their media types, the apiserver's merge patch, and the patch pinned to
+what was checked (DESIGN §4.4: decide on the result, then forward the client's patch with a
+resourceVersion precondition so that it lands only on the object that was checked). JSON
+patches: :mod:`gatekeeper.policy.jsonpatches`; which result a patch is decided on:
+:mod:`gatekeeper.policy.stored`."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-import jsonpatch
-import jsonpointer
-
-from gatekeeper.types import KubeObject
-
 __all__ = [
     "APPLY",
     "BAD_MERGE_PATCH",
+    "COMPUTED",
     "JSON_PATCH",
     "MERGE_PATCH",
     "PATCH_TYPES",
     "STRATEGIC_MERGE",
     "PatchError",
     "merge_patch",
-    "patched_object",
     "pin_patch",
 ]
 
@@ -32,6 +27,9 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 PATCH_TYPES = frozenset({MERGE_PATCH, JSON_PATCH, STRATEGIC_MERGE, APPLY})
+COMPUTED = frozenset({MERGE_PATCH, JSON_PATCH})
+"""Patch types the gatekeeper can compute itself; the others need the apiserver's schema (list
+merge keys, field ownership), so their result is always the apiserver's dry run."""
 
 
 class PatchError(ValueError):
@@ -93,27 +91,6 @@ def _pruned(value: Any) -> Any:
     if isinstance(value, list):
         return [_pruned(item) for item in value]
     return value
-
-
-def patched_object(media_type: str, current: KubeObject, patch: Any) -> KubeObject:
-    """What the apiserver would store. Strategic merge and apply are approximated by a merge
-    patch here; the proxy passes the upstream's ``dryRun=All`` answer instead when it has one."""
-    if media_type == JSON_PATCH:
-        if not isinstance(patch, list):
-            raise PatchError("a JSON patch must be a list of operations")
-        try:
-            result = jsonpatch.apply_patch(current, patch)
-        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
-            raise PatchError(f"the JSON patch does not apply: {exc}") from exc
-        except (TypeError, KeyError, AttributeError) as exc:
-            raise PatchError(f"the JSON patch is malformed: {exc}") from exc
-    else:
-        if not isinstance(patch, dict):
-            raise PatchError(f"a {media_type} body must be an object")
-        result = merge_patch(current, patch)
-    if not isinstance(result, dict):
-        raise PatchError("the patch does not leave an object")
-    return result
 
 
 def pin_patch(media_type: str, patch: Any, resource_version: str) -> Any:

@@ -13,21 +13,18 @@ from typing import Any, Protocol
 
 from gatekeeper.policy.admission import CelContext
 from gatekeeper.policy.model import KindSpec, VersionSpec
-from gatekeeper.policy.patching import APPLY, STRATEGIC_MERGE
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.rule import Violation
 from gatekeeper.types import Identity, KubeObject
 
-__all__ = ["PREVIEWED", "Ownership", "Plan", "Preview"]
-
-PREVIEWED = frozenset({STRATEGIC_MERGE, APPLY})
-"""Patch types whose result needs schema knowledge: the apiserver computes it (``dryRun=All``)."""
+__all__ = ["Ownership", "Plan", "Preview"]
 
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """A write whose result the apiserver computes: a strategic-merge or apply patch, or a
-    body only it decodes (protobuf, CBOR), pinned to the fetched object's resourceVersion.
+    """A write whose result the apiserver computes: a patch whose result is decided on the
+    apiserver's (:mod:`gatekeeper.policy.stored`), or a body only it decodes (protobuf, CBOR),
+    pinned to the fetched object's resourceVersion.
 
     Built once: sent with ``dryRun=All`` to learn what it would store, then the same pinned
     ``body`` is what is forwarded (DESIGN §4.4). ``code`` and ``result`` are the upstream's
@@ -99,17 +96,14 @@ class Plan:
     """An update decided without reading the stored object: its body names the caller as owner
     in fields the apiserver refuses to change, and carries the resourceVersion it was read at
     (docs/security.md, "Updates without a read")."""
+    decoded: bool = False
+    """The body decided on is the apiserver's decoding of the driver's protobuf or CBOR bytes
+    (a dry run's answer), not the driver's own JSON: its apiserver-maintained fields are the
+    apiserver's (:mod:`gatekeeper.policy.encoded`)."""
 
     @property
     def driver(self) -> str:
         return self.identity.driver
-
-    @property
-    def previews(self) -> bool:
-        """Whether the patch's result is asked of the upstream (a strategic-merge or apply
-        patch of a stored object the caller may touch: see
-        :func:`~gatekeeper.policy.conversation.preview_of`)."""
-        return self.info.verb == "patch" and self.media_type in PREVIEWED
 
     def owns(self, stored: KubeObject) -> bool:
         """Whether the stored object is the caller's (in its scope)."""

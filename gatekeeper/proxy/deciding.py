@@ -1,94 +1,20 @@
-"""The steps before forwarding: who is calling, and the engine's conversation driven with the
-driver's request and the upstream as its readers."""
+"""The step before forwarding: the engine's conversation driven with the driver's request and
+the upstream as its readers."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from aiohttp import web
 
-from gatekeeper.audit.flow import Client, Flow
-from gatekeeper.errors import Refusal, UpstreamError
-from gatekeeper.listenerkind import ListenerKind
+from gatekeeper.audit.flow import Flow
 from gatekeeper.policy.conversation import Answer, Body, Fetch, conversation
 from gatekeeper.policy.decision import Decision
+from gatekeeper.proxy.requestbody import read_body
 from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.proxy.tokens import TokenFailure, TokenRefusal, bearer_token, token_identity
-from gatekeeper.request.body import JSON, MAX_BODY_BYTES, decode_body, read_limited, too_large
-from gatekeeper.request.encoded import ENCODED_MEDIA_TYPES, read_encoded
 from gatekeeper.request.headers import accepts_plain_json
-from gatekeeper.request.requestinfo import RequestInfo
-from gatekeeper.rule import Rule
-from gatekeeper.types import Identity
 from gatekeeper.upstream.previews import run_preview
-from gatekeeper.upstream.reviewbudget import ReviewCaller
 from gatekeeper.upstream.session import fetch
-from gatekeeper.upstream.tokenreview import TokenReviewer
 
-__all__ = ["Connection", "decide", "identify_request", "read_body"]
-
-_BODY_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-
-
-class Connection:
-    """The pipeline's view of the connection a request came on: the listeners' connections
-    (:mod:`gatekeeper.listen.connections`) are ones, and set all three members when made."""
-
-    __slots__ = ()
-
-    client: Client | None = None
-    """Who the connection is, known when it was made."""
-    reviews: ReviewCaller
-    """The connection in the token listener's review budget (its address, its buckets)."""
-
-    def attribute(self, driver: str) -> str | None:
-        """Count a token listener's connection as ``driver``'s from now on: None, or why it
-        is refused (over the driver's connection caps)."""
-        raise NotImplementedError
-
-
-async def identify_request(request: web.BaseRequest, gk: Gatekeeper) -> Identity:
-    """Who is calling: the identity its connection was given when it was made (the socket
-    directory, the verified client certificate), or on the token listener the service account
-    of the request's bearer token (reviewed, cached), whose connection is then counted as that
-    driver's (docs/operating.md#limits)."""
-    connection = request.protocol
-    if not isinstance(connection, Connection) or connection.client is None:
-        raise Refusal(401, "connection not identified", "Unauthorized: no identity")
-    client = connection.client
-    if client.listener is not ListenerKind.TOKEN:
-        if client.identity is None:
-            assert client.refusal is not None
-            raise client.refusal
-        return client.identity
-    if gk.tokens is None:
-        raise Refusal(401, "no token reviewer", "Unauthorized: no identity")
-    try:
-        identity = await _token_identity(request, connection, gk.tokens, gk)
-    except TokenRefusal as refusal:
-        gk.token_failed(refusal.failure)
-        # SECURITY: docs/security.md "The token listener" — refusals on one connection are
-        # answered at a bounded rate, so that one keep-alive connection cannot make the
-        # gatekeeper answer without bound.
-        if (hold := gk.tokens.budget.pace(connection.reviews)) > 0:
-            await asyncio.sleep(hold)
-        raise
-    except UpstreamError:
-        gk.token_failed(TokenFailure.REVIEW_UNAVAILABLE)
-        raise
-    if why := connection.attribute(identity.driver):
-        raise Refusal(429, "too many connections", f"too many connections: {why}", retry_after=1)
-    return identity
-
-
-async def _token_identity(
-    request: web.BaseRequest, connection: Connection, tokens: TokenReviewer, gk: Gatekeeper
-) -> Identity:
-    # SECURITY: DESIGN §4.2, docs/security.md "The token listener" — a token not cached is
-    # reviewed only within the caller's budget (its connection, its address, the process).
-    outcome = await tokens.review(bearer_token(request.headers), connection.reviews)
-    return token_identity(outcome, gk.engine.policy, gk.node_name)
+__all__ = ["decide"]
 
 
 async def decide(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> Decision:
@@ -112,36 +38,3 @@ async def decide(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> Decisi
     except StopIteration as done:
         decision: Decision = done.value
         return decision
-
-
-async def read_body(
-    request: web.BaseRequest, info: RequestInfo, timeout: float | None = None
-) -> tuple[str, Any]:
-    """The media type and decoded body of a writing verb (None when absent); 415/413/408/400."""
-    media_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if not info.is_resource_request or info.verb not in _BODY_VERBS:
-        return media_type, None
-    content = request.content
-    if content.is_eof():
-        # The whole body has arrived (aiohttp buffers at most its high-water mark, far below
-        # the limit, before it is read): taken as it is, with no wait to time.
-        raw = content.read_nowait()
-        if len(raw) > MAX_BODY_BYTES:
-            raise too_large()
-    else:
-        chunks = content.iter_chunked(64 * 1024)
-        raw = await (
-            read_limited(chunks) if timeout is None else read_limited(chunks, timeout=timeout)
-        )
-    if not raw:
-        return media_type, None
-    if media_type in ENCODED_MEDIA_TYPES:
-        encoded = read_encoded(raw, media_type, info.verb)
-        # A protobuf DeleteOptions body is read here and goes on as the JSON it stands for.
-        return (JSON, encoded) if isinstance(encoded, dict) else (media_type, encoded)
-    media_type, decoded = decode_body(raw, media_type, patch=info.verb == "patch")
-    if not isinstance(decoded, dict) and not (info.verb == "patch" and isinstance(decoded, list)):
-        raise Refusal(
-            400, "request body must be a JSON object (or a JSON patch list)", rule=Rule.BAD_BODY
-        )
-    return media_type, decoded

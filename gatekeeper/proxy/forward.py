@@ -16,7 +16,7 @@ from gatekeeper.audit.capture import ResponseCapture
 from gatekeeper.audit.event import ERROR_ANNOTATION
 from gatekeeper.audit.flow import Flow, Forwarded
 from gatekeeper.codec import jsoncodec
-from gatekeeper.errors import UpstreamError
+from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.policy.decision import Decision
 from gatekeeper.policy.model import Credentials
 from gatekeeper.proxy.answer import answer
@@ -25,8 +25,7 @@ from gatekeeper.proxy.listing import FilteredReads
 from gatekeeper.proxy.paging import prime_listing, upstream_target
 from gatekeeper.proxy.scoped import DROPPED_ANNOTATION, WatchFilter, dropped_annotation
 from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.proxy.tokens import bearer_token
-from gatekeeper.request.headers import forwarded_request_headers, response_headers
+from gatekeeper.request.headers import bearer_token, forwarded_request_headers, response_headers
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.types import KubeObject
 from gatekeeper.upstream.session import Pool, UpstreamResponse
@@ -55,6 +54,9 @@ async def forward(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.S
         credential = None
         if decision.credentials is Credentials.DRIVER:
             credential = bearer_token(request.headers)
+            if credential is None:
+                # Fail closed: never the gatekeeper's credentials in the driver's stead.
+                raise Refusal(401, "no bearer token to forward", "Unauthorized: no bearer token")
         sent = gk.upstream.stream(
             target.method, target.target, headers, payload, pool=pool, credential=credential
         )

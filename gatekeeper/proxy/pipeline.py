@@ -1,7 +1,8 @@
 """The request pipeline, composed once: every request, whatever its target (``CONNECT host:443``
 and ``OPTIONS *`` included), takes the same steps in the same order.
 
-in flight → identify → screen headers → parse → audit writable → budget → decide → forward;
+in flight → identify (the listener's :class:`~gatekeeper.listen.identity.Identifier`, handed in
+as ``identify``) → screen headers → parse → audit writable → budget → decide → forward;
 audit always. Each step is a function of its own module; none calls another. The one object
 carried through is a :class:`~gatekeeper.audit.flow.Flow`, and the audit event is built from it
 in ``finally``. There is no router and no middleware list: :func:`build_handler` is the whole
@@ -20,30 +21,36 @@ from gatekeeper.audit.flow import Flow
 from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.policy.decision import Decision, deny
 from gatekeeper.proxy.answer import answer, internal_error
-from gatekeeper.proxy.deciding import decide, identify_request
+from gatekeeper.proxy.deciding import decide
 from gatekeeper.proxy.forward import forward
 from gatekeeper.proxy.state import Gatekeeper
 from gatekeeper.request.headers import screen_request
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.rule import Rule
+from gatekeeper.types import Identity
 
-__all__ = ["Handler", "build_handler", "handle"]
+__all__ = ["Handler", "Identify", "build_handler", "handle"]
 
 log = logging.getLogger("gatekeeper.proxy")
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Identify = Callable[[web.BaseRequest], Awaitable[Identity]]
+"""Who is calling, or the Refusal (an UpstreamError when the apiserver cannot say): the
+listeners' one seam into the pipeline (a layer above it, so handed in)."""
 
 
-def build_handler(gatekeeper: Gatekeeper) -> Handler:
+def build_handler(gatekeeper: Gatekeeper, identify: Identify) -> Handler:
     """The gatekeeper's one request handler, for aiohttp's low-level ``web.Server``."""
 
     async def handler(request: web.BaseRequest) -> web.StreamResponse:
-        return await handle(request, gatekeeper)
+        return await handle(request, gatekeeper, identify)
 
     return handler
 
 
-async def handle(request: web.BaseRequest, gk: Gatekeeper) -> web.StreamResponse:
+async def handle(
+    request: web.BaseRequest, gk: Gatekeeper, identify: Identify
+) -> web.StreamResponse:
     """The whole pipeline for one request."""
     flow = Flow(
         method=request.method,
@@ -55,7 +62,7 @@ async def handle(request: web.BaseRequest, gk: Gatekeeper) -> web.StreamResponse
     )
     with gk.in_flight.request():
         try:
-            return await _serve(request, flow, gk)
+            return await _serve(request, flow, gk, identify)
         except Refusal as refusal:
             # Refused before the engine (identity, headers, path, body): the one verdict is this.
             flow.decision = Decision(
@@ -83,8 +90,10 @@ async def handle(request: web.BaseRequest, gk: Gatekeeper) -> web.StreamResponse
             await gk.audit.emit(build_event(flow, gk.audit_level))
 
 
-async def _serve(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> web.StreamResponse:
-    flow.identity = await identify_request(request, gk)
+async def _serve(
+    request: web.BaseRequest, flow: Flow, gk: Gatekeeper, identify: Identify
+) -> web.StreamResponse:
+    flow.identity = await identify(request)
     screen_request(request.method, request.headers)
     flow.info = parse_request(request.method, request.raw_path)
     if not gk.audit.writable:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gatekeeper.audit import AuditLevel, AuditSink
@@ -12,8 +11,6 @@ from gatekeeper.proxy.inflight import InFlight
 from gatekeeper.proxy.listing import ListReads
 from gatekeeper.proxy.sharedreads import SharedReads
 from gatekeeper.upstream.session import Upstream
-from gatekeeper.upstream.tokenfailures import TokenFailure
-from gatekeeper.upstream.tokenreview import TokenReviewer
 
 __all__ = ["Gatekeeper"]
 
@@ -26,15 +23,8 @@ class Gatekeeper:
     upstream: Upstream
     audit: AuditSink
     audit_level: AuditLevel = AuditLevel.METADATA
-    socket_drivers: dict[str, str] = field(default_factory=dict)
     budgets: DriverBudgets = field(default_factory=DriverBudgets)
     """Per-driver in-flight and watch budgets (and the limits they come from)."""
-    tokens: TokenReviewer | None = None
-    """Reviews the bearer tokens of the token listener (DESIGN §4.2); None without one."""
-    token_ports: set[int] = field(default_factory=set)
-    """Local ports of the token listener: a connection to one shows a token, not a cert."""
-    token_failed: Callable[[TokenFailure], None] = lambda failure: None
-    """Told of every token listener request that is no driver's, and why (the metric)."""
     filtered_reads: ListReads = field(default_factory=SharedReads)
     """Filtered lists read once for every identical request waiting (docs/operating.md,
     "Filtered reads")."""

@@ -10,6 +10,7 @@ from gatekeeper.rule import Rule
 __all__ = [
     "ALLOWED_METHODS",
     "accepts_plain_json",
+    "bearer_token",
     "forwarded_request_headers",
     "response_headers",
     "screen_request",
@@ -34,22 +35,39 @@ _RESPONSE_HEADERS = frozenset(
 
 
 _PLAIN_JSON_RANGES = frozenset({"application/json", "application/*", "*/*"})
+_OTHER_ENCODINGS = frozenset({"application/vnd.kubernetes.protobuf", "application/cbor"})
+"""The same object in another encoding: client-go's typed clients ask for
+``application/vnd.kubernetes.protobuf,application/json``."""
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, or None when there is not exactly one."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        return None
+    return token
 
 
 def accepts_plain_json(accept: str) -> bool:
-    """Whether every media range of an ``Accept`` header is answered by a plain JSON object
-    (``application/json`` without ``as=``/``g=``/``v=``, ``application/*``, ``*/*``; an empty
-    header too): then no Table, metadata-only or protobuf form was asked for."""
+    """Whether a plain JSON object answers an ``Accept`` header: one of its media ranges is
+    answered by it (``application/json`` without ``as=``/``g=``/``v=``, ``application/*``,
+    ``*/*``; an empty header too), and none asks for another form of the object (a Table,
+    metadata only, YAML). A range for the same object in another encoding (protobuf, CBOR) may
+    come first: the client takes JSON too, as the apiserver answers for kinds it cannot encode
+    so."""
+    plain = not accept.strip()
     for media_range in accept.split(","):
         kind, *params = (part.strip().lower() for part in media_range.split(";"))
         if not kind and not params:
             continue
-        if kind not in _PLAIN_JSON_RANGES:
+        names = {param.split("=", 1)[0].strip() for param in params} - {"q", "charset"}
+        if kind in _OTHER_ENCODINGS and not names:
+            continue
+        if kind not in _PLAIN_JSON_RANGES or names:
             return False
-        names = {param.split("=", 1)[0].strip() for param in params}
-        if names - {"q", "charset"}:
-            return False
-    return True
+        plain = True
+    return plain
 
 
 def screen_request(method: str, headers: Mapping[str, str]) -> None:

@@ -17,7 +17,7 @@ from gatekeeper.errors import Refusal
 from gatekeeper.names import DNS_SUBDOMAIN
 from gatekeeper.rule import Rule
 
-__all__ = ["ALLOWED_QUERY_PARAMETERS", "RequestInfo", "parse_request"]
+__all__ = ["ALLOWED_QUERY_PARAMETERS", "METHOD_NOT_ALLOWED", "RequestInfo", "parse_request"]
 
 ALLOWED_QUERY_PARAMETERS: frozenset[str] = frozenset(
     {
@@ -36,6 +36,9 @@ ALLOWED_QUERY_PARAMETERS: frozenset[str] = frozenset(
 )  # fmt: skip
 """Query keys passed on. The apiserver matches keys case-sensitively and silently ignores unknown
 ones (``?fieldselector=`` would list everything), so any other key is refused (DESIGN §4.5)."""
+
+METHOD_NOT_ALLOWED = "the server does not allow this method on the requested resource"
+"""The apiserver's 405 message (recording 199: POST to a named path)."""
 
 _CREATE_QUERY = frozenset({"fieldManager", "fieldValidation", "dryRun", "pretty"})
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -364,6 +367,7 @@ def _resource_info(
     name = _checked_name(parts[1]) if len(parts) > 1 else ""
     subresource = _checked(parts[2], _DNS_LABEL, "subresource") if len(parts) > 2 else ""
     verb = _verb(method, name, watch)
+    _check_routed(method, verb, name, subresource, path)
     return RequestInfo(
         method, path, query, True, verb, prefix, group, version, namespace, resource,
         subresource, name,
@@ -404,6 +408,24 @@ def _verb(method: str, name: str, watch: bool) -> str:
         return "get" if name else ("watch" if watch else "list")
     verb = _METHOD_VERBS[method]
     return "deletecollection" if verb == "delete" and not name else verb
+
+
+def _check_routed(method: str, verb: str, name: str, subresource: str, path: str) -> None:
+    """405 for a request the apiserver routes to no handler, which the gatekeeper therefore
+    cannot classify as one of its verbs: a PUT or PATCH of a collection, a POST to a named
+    object (recording 199). Refused with the apiserver's own Status, never forwarded."""
+    # SECURITY: DESIGN §4.5 — what the gatekeeper cannot classify, it refuses; it does not ask
+    # the apiserver what it would make of it.
+    if (verb in ("update", "patch") and not name) or (
+        verb == "create" and name and not subresource
+    ):
+        what = "collection" if not name else "named object"
+        raise Refusal(
+            405,
+            f"{method} to a {what} path",
+            METHOD_NOT_ALLOWED,
+            rule=Rule.METHOD_NOT_ALLOWED,
+        )
 
 
 def _checked(value: str, pattern: re.Pattern[str], what: str, max_length: int = 63) -> str:

@@ -1,5 +1,8 @@
 """Keeps the ConfigMap holding the gatekeeper's CA bundle current in every namespace of a
-ServiceAccount the policy maps to a driver (docs/operating.md#getting-the-ca-to-drivers).
+ServiceAccount the policy maps to a driver (docs/operating.md#getting-the-ca-to-drivers), and,
+with ``bind_role``, the RoleBinding that gives the gatekeeper a policy's DriverNamespace rights
+there: made as each namespace appears, so that installing the gatekeeper before a driver's
+namespace exists fails nothing.
 
 One writer per cluster (``dra-gatekeeper publish-ca``), never the per-node gatekeepers: a
 node's credentials must not be able to replace the CA every driver trusts (DESIGN.md §4.2).
@@ -71,6 +74,10 @@ class PublishConfig:
     """Every ``*.crt`` file in it is published, certificates in file-name order."""
     configmap: str
     resync_seconds: float
+    bind_role: str | None = None
+    """A ClusterRole to bind to ``bind_subject`` in each namespace (a RoleBinding of its name)."""
+    bind_subject: tuple[str, str] = ("", "")
+    """The gatekeeper's ServiceAccount (namespace, name) the RoleBinding names."""
 
 
 def read_bundle(ca_dir: Path) -> str:
@@ -209,8 +216,15 @@ class Publisher:
         return all(outcome.ok for outcome in outcomes)
 
     async def _one(self, session: aiohttp.ClientSession, namespace: str) -> Outcome:
-        name = self.config.configmap
         call = _Caller(session, self._headers(), self.config.upstream.tls_server_name)
+        outcome = await self._published(call, namespace)
+        if outcome.ok and self.config.bind_role is not None:
+            return await self._bound(call, namespace, self.config.bind_role)
+        return outcome
+
+    async def _published(self, call: _Caller, namespace: str) -> Outcome:
+        """The CA ConfigMap in ``namespace``: made or put back."""
+        name = self.config.configmap
         try:
             status, stored = await call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
             if status == 404:
@@ -238,6 +252,47 @@ class Publisher:
             )
             return Outcome.FAILED
         _log_outcome(outcome, namespace, name, status, stored)
+        return outcome
+
+    async def _bound(self, call: _Caller, namespace: str, role: str) -> Outcome:
+        """The RoleBinding ``role`` in ``namespace``: the ClusterRole ``role``, the gatekeeper
+        as its one subject; made or put back (its roleRef is immutable: one pointing elsewhere
+        is logged, never deleted: the publisher has no delete right)."""
+        where = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
+        subject_ns, subject = self.config.bind_subject
+        wanted: dict[str, Any] = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, "labels": dict(MANAGED_BY)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": subject,
+                          "namespace": subject_ns}],
+        }  # fmt: skip
+        try:
+            status, stored = await call("GET", f"{where}/{role}")
+            if status == 404:
+                status, stored = await call("POST", where, wanted)
+                outcome = Outcome.CREATED if status == 201 else _failure(status)
+            elif status != 200:
+                outcome = Outcome.FAILED
+            elif stored.get("roleRef") != wanted["roleRef"]:
+                outcome, status = Outcome.FAILED, 409
+                stored = {"kind": "Status", "reason": "roleRef names another role"}
+            elif stored.get("subjects") == wanted["subjects"]:
+                return Outcome.CURRENT
+            else:
+                wanted["metadata"] = {
+                    **stored.get("metadata", {}),
+                    "labels": {**(stored.get("metadata", {}).get("labels") or {}), **MANAGED_BY},
+                }
+                status, stored = await call("PUT", f"{where}/{role}", wanted)
+                outcome = Outcome.UPDATED if status == 200 else _failure(status)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("rolebinding failed namespace=%s name=%s reason=%s", namespace, role,
+                        type(exc).__name__)  # fmt: skip
+            return Outcome.FAILED
+        _log_outcome(outcome, namespace, role, status, stored, what="rolebinding")
         return outcome
 
     def _headers(self) -> dict[str, str]:
@@ -311,15 +366,22 @@ def _failure(status: int) -> Outcome:
 
 
 def _log_outcome(
-    outcome: Outcome, namespace: str, name: str, status: int, body: dict[str, Any]
+    outcome: Outcome,
+    namespace: str,
+    name: str,
+    status: int,
+    body: dict[str, Any],
+    *,
+    what: str = "ca configmap",
 ) -> None:
     write: Callable[..., None] = log.info if outcome.ok else log.warning
     if outcome.ok:
-        write("ca configmap %s namespace=%s name=%s", outcome.value, namespace, name)
+        write("%s %s namespace=%s name=%s", what, outcome.value, namespace, name)
         return
     reason = str(body.get("reason") or "") if body.get("kind") == "Status" else ""
     write(
-        "ca configmap %s namespace=%s name=%s code=%d reason=%s",
+        "%s %s namespace=%s name=%s code=%d reason=%s",
+        what,
         outcome.value,
         namespace,
         name,

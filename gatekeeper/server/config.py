@@ -7,6 +7,7 @@ is then built from the config alone (:class:`gatekeeper.server.server.Gatekeeper
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from collections.abc import Mapping, Sequence
@@ -19,9 +20,10 @@ from gatekeeper.codec.selectors import check_label
 from gatekeeper.errors import ConfigError
 from gatekeeper.limits import DEFAULT_LIMITS, Limits, fit_to_descriptors
 from gatekeeper.listen.listeners import resolve_group
+from gatekeeper.listen.servingcert import CertRequest
 from gatekeeper.listen.tls import ServerTLS, TLSFiles
 from gatekeeper.listenerkind import ListenerKind
-from gatekeeper.names import is_dns_subdomain, is_driver_name
+from gatekeeper.names import is_dns_subdomain, is_driver_name, is_signer_name
 from gatekeeper.policy import Policy
 from gatekeeper.policy.model import ANY_DRIVER
 from gatekeeper.policyfile import load_policy
@@ -81,6 +83,9 @@ class ServeConfig:
     listen_token: tuple[str, int] | None = None
     """The token listener: drivers identified by their service-account token (TokenReview)."""
     token_tls: ServerTLS | None = None
+    """The token listener's serving files; None when its certificate is requested instead."""
+    token_cert: CertRequest | None = None
+    """The token listener's certificate requested of a signer (``--token-cert-signer``)."""
     token_audiences: tuple[str, ...] = ()
     """Audiences the TokenReview asks for; none: the apiserver's own (in-cluster tokens')."""
     token_cache_ttl: float = 2.0
@@ -111,8 +116,8 @@ class ServeConfig:
             raise ConfigError(
                 "--listen needs --tls-cert-file, --tls-key-file and --client-ca-file (mTLS only)"
             )
-        if self.listen_token is not None and self.token_tls is None:
-            raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
+        if self.listen_token is not None and self.token_tls is None and self.token_cert is None:
+            raise ConfigError(_TOKEN_TLS)
         object.__setattr__(self, "tokens", TokenSource(self.upstream))
         object.__setattr__(self, "upstream_ssl", build_ssl_context(self.upstream))
 
@@ -137,6 +142,10 @@ def _listener_kinds(**listeners: object) -> frozenset[ListenerKind]:
     return frozenset(kind for name, kind in flags.items() if listeners.get(name) is not None)
 
 
+_TOKEN_TLS = (
+    "--listen-token needs its serving certificate: --token-cert-signer NAME with "
+    "--token-cert-address HOST (requested of a signer), or --tls-cert-file and --tls-key-file"
+)
 _NO_LISTENER = (
     "at least one listener is required: --socket-dir DIR, --listen HOST:PORT (mTLS) or "
     "--listen-token HOST:PORT (service-account tokens)"
@@ -191,14 +200,55 @@ def _listener_settings(values: FlagValues) -> dict[str, Any]:
     )
     cert, key = values.text("tls_cert_file"), values.text("tls_key_file")
     client_ca = values.text("client_ca_file")
+    token_cert = _token_cert(values)
+    if token_cert is not None and listen is None and (cert or key):
+        raise ConfigError(
+            "--tls-cert-file/--tls-key-file are for --listen (mTLS): the token listener's "
+            "certificate is requested (--token-cert-signer)"
+        )
+    token_files = listen_token is not None and token_cert is None
     return {
         "socket_dir": check_socket_dir(socket_dir) if socket_dir is not None else None,
         "listen": listen,
         "listen_tls": (server_ssl_context(cert, key, client_ca) if listen is not None else None),
         "listen_token": listen_token,
-        "token_tls": token_ssl_context(cert, key) if listen_token is not None else None,
+        "token_tls": token_ssl_context(cert, key) if token_files else None,
+        "token_cert": token_cert if listen_token is not None else None,
         "health_listen": values.address("health_listen"),
     }
+
+
+def _token_cert(values: FlagValues) -> CertRequest | None:
+    """``--token-cert-signer`` and its addresses, checked; None without the flag."""
+    signer, addresses = values.text("token_cert_signer"), values.items("token_cert_address")
+    if signer is None:
+        if addresses:
+            raise ConfigError("--token-cert-address needs --token-cert-signer NAME")
+        return None
+    if values.address("listen_token") is None:
+        raise ConfigError("--token-cert-signer is the token listener's: it needs --listen-token")
+    if not is_signer_name(signer):
+        raise ConfigError(
+            f"--token-cert-signer {signer!r} is not a signer name (DOMAIN/PATH, e.g. "
+            "dra-gatekeeper.io/token-listener)"
+        )
+    if not addresses:
+        raise ConfigError(
+            "--token-cert-signer needs --token-cert-address HOST: the addresses drivers dial "
+            "(the node's status.hostIP, 127.0.0.1)"
+        )
+    for address in addresses:
+        if not _is_address(address):
+            raise ConfigError(f"--token-cert-address {address!r} is not an IP address or DNS name")
+    return CertRequest(signer, tuple(dict.fromkeys(addresses)), values.number("token_cert_wait"))
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return is_dns_subdomain(value.lower())
+    return True
 
 
 def _check_node_and_drivers(node: str, drivers: Sequence[str]) -> str:
@@ -310,7 +360,7 @@ def parse_node_labels(flags: Sequence[str]) -> dict[str, str]:
 def token_ssl_context(cert_file: str | None, key_file: str | None) -> ServerTLS:
     """The token listener's context: TLS with the serving pair, no client certificate."""
     if not (cert_file and key_file):
-        raise ConfigError("--listen-token needs --tls-cert-file and --tls-key-file")
+        raise ConfigError(_TOKEN_TLS)
     return ServerTLS.load(TLSFiles(cert_file, key_file))
 
 

@@ -39,6 +39,7 @@ class CertificateExpiry:
         self._warning = warning
         self._clock = clock
         self._clients: dict[tuple[str, str], float] = {}
+        self._held: dict[str, datetime.datetime] = {}
 
     def check_files(self, files: Mapping[str, str]) -> None:
         """Check each PEM file (name → path): the first certificate in it."""
@@ -55,6 +56,22 @@ class CertificateExpiry:
                     name,
                     path,
                     expiry.isoformat(),
+                )
+
+    def hold(self, name: str, not_after: datetime.datetime) -> None:
+        """A certificate held in memory (the token listener's, issued through the CSR API):
+        exported now and at every :meth:`refresh`."""
+        self._held[name] = not_after
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Export the held certificates' remaining time again; warn for one close to expiry."""
+        for name, not_after in self._held.items():
+            if self._export(name, not_after.timestamp() - self._clock()):
+                log.warning(
+                    "certificate expires soon certificate=%s not_after=%s",
+                    name,
+                    not_after.isoformat(),
                 )
 
     def observe_client(self, driver: str, not_after: str) -> None:

@@ -92,6 +92,12 @@ def _host_port(flag: Flag, value: Value) -> Value:
     return None if value is None else parse_host_port(str(value), flag.name)
 
 
+def _positive(flag: Flag, value: Value) -> Value:
+    if isinstance(value, int | float) and value <= 0:
+        raise ConfigError(f"{flag.name} must be positive")
+    return value
+
+
 def _not_negative(flag: Flag, value: Value) -> Value:
     if isinstance(value, int | float) and value < 0:
         raise ConfigError(f"{flag.name} must not be negative")
@@ -155,8 +161,9 @@ _LISTENERS = (
     Flag("--listen-token", "HOST:PORT", "the token listener (TLS): driver = the service "
          "account of its bearer token, by TokenReview, mapped under serviceAccounts in the "
          "policy (default: none)", Group.LISTENERS, check=_host_port,
-         doc="token listener (TLS, no client certificate; with `--tls-cert-file` and "
-         "`--tls-key-file`): the driver is the service account of its bearer token, found by "
+         doc="token listener (TLS, no client certificate; its certificate requested with "
+         "`--token-cert-signer`, or `--tls-cert-file` and `--tls-key-file`): the driver is the "
+         "service account of its bearer token, found by "
          "a TokenReview and mapped under `serviceAccounts` in the policy; the policy must map "
          "one (else exit 2)"),
     Flag("--token-audience", "AUDIENCE", "review tokens for this audience (repeatable; "
@@ -181,9 +188,25 @@ _LISTENERS = (
          doc="mTLS listener (with `--tls-cert-file`, `--tls-key-file` and "
          "`--client-ca-file`); the driver is the client certificate's CN"),
     Flag("--tls-cert-file", "FILE", "the TLS listeners' serving certificate (PEM), reloaded; "
-         "required with --listen and --listen-token", Group.LISTENERS),
+         "required with --listen, and with --listen-token unless --token-cert-signer",
+         Group.LISTENERS),
     Flag("--tls-key-file", "FILE", "the serving certificate's private key (PEM), reloaded; "
-         "required with --listen and --listen-token", Group.LISTENERS),
+         "required with --tls-cert-file", Group.LISTENERS),
+    Flag("--token-cert-signer", "NAME", "request the token listener's serving certificate "
+         "from the CSR API with this signerName (its key is made in memory, never written; "
+         "renewed before expiry) instead of --tls-cert-file (default: none)", Group.LISTENERS,
+         doc="the token listener's serving certificate comes from a CertificateSigningRequest "
+         "(certificates.k8s.io/v1) of this `signerName`, for the `--token-cert-address` "
+         "addresses: its key is made in memory and never written, it is renewed at 60-75 % of "
+         "its life without a restart ([Serving certificates](#serving-certificates))"),
+    Flag("--token-cert-address", "HOST", "an IP address or DNS name the requested certificate "
+         "is for (repeatable; required with --token-cert-signer)", Group.LISTENERS, default=[],
+         repeatable=True,
+         doc="an address drivers dial (an IP or DNS name; repeatable): the signer signs only "
+         "the node's own `status.addresses`, `127.0.0.1` and `::1`"),
+    Flag("--token-cert-wait", "SECONDS", "how long to wait for the signer: at start (then "
+         "exit 2) and per renewal attempt (default: 180)", Group.LISTENERS, kind=float,
+         default=180.0, check=_positive),
     Flag("--client-ca-file", "FILE", "CA that signs driver client certificates (PEM), "
          "reloaded; required with --listen", Group.LISTENERS),
 )  # fmt: skip

@@ -30,9 +30,9 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.audit import AuditSink, JsonLinesWriter
 from gatekeeper.audit.event import RULE_ANNOTATION
+from gatekeeper.listen.identity import TokenFailure
 from gatekeeper.rule import Rule
 from gatekeeper.upstream.session import AnswerHook
-from gatekeeper.upstream.tokenfailures import TokenFailure
 
 __all__ = [
     "CONTENT_TYPE",
@@ -136,6 +136,14 @@ class Metrics:
         )
         for failure in TokenFailure:
             self.token_failures.labels(failure.value)  # every series from the start, at 0
+        self.cert_requests = Counter(
+            "dra_gatekeeper_certificate_requests",
+            "CertificateSigningRequests of the token listener's serving certificate, by how "
+            "each wait ended: issued, denied, failed, gone (deleted), waiting (no answer in "
+            "--token-cert-wait: waited on again), error (could not be made).",
+            ["result"],
+            registry=r,
+        )
         self.reloads = Counter(
             "dra_gatekeeper_reloads",
             "Reloads of a watched file (policy, token, tls), by result (ok or error).",
@@ -144,7 +152,7 @@ class Metrics:
         )
         self.cert_expiry = Gauge(
             "dra_gatekeeper_certificate_expiry_seconds",
-            "Seconds until a certificate expires (serving or client CA).",
+            "Seconds until a certificate expires (serving, token-listener, client CA).",
             ["certificate"],
             registry=r,
         )

@@ -154,7 +154,7 @@ class Reloader:
         }
 
     def check_expiry(self) -> None:
-        """Export the serving certificate's and client CA's remaining time; warn if close."""
+        """Export the serving certificates' and client CA's remaining time; warn if close."""
         config = self._config
         tls = config.listen_tls or config.token_tls
         if tls is not None:
@@ -162,6 +162,7 @@ class Reloader:
             if tls.files.client_ca_file is not None:
                 files["client-ca"] = tls.files.client_ca_file
             self._expiry.check_files(files)
+        self._expiry.refresh()
 
 
 def _identity(path: str | None) -> object:

@@ -24,14 +24,16 @@ from gatekeeper.audit import AuditSink, JsonLinesWriter, NullSink
 from gatekeeper.errors import ConfigError
 from gatekeeper.listen.capacity import ConnectionGuard
 from gatekeeper.listen.connections import GuardedRunner
+from gatekeeper.listen.identity import Identifier, token_reviewer
 from gatekeeper.listen.listeners import SOCKET_NAME, DriverSocket, SocketListeners
+from gatekeeper.listen.servingcert import Issued, ServingCertificate
+from gatekeeper.listen.tls import IssuedTLS, ListenerTLS
 from gatekeeper.listen.tlsgate import TLSGateSite
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy import Engine
 from gatekeeper.policy.model import Policy
 from gatekeeper.proxy.budgets import DriverBudgets
 from gatekeeper.proxy.state import Gatekeeper
-from gatekeeper.proxy.tokens import token_driver
 from gatekeeper.server.config import AuditSettings, ServeConfig
 from gatekeeper.server.expiry import CertificateExpiry
 from gatekeeper.server.health import (
@@ -45,10 +47,8 @@ from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
 from gatekeeper.server.schemas import check_fields
-from gatekeeper.types import Identity, KubeObject
-from gatekeeper.upstream.reviewbudget import ReviewBudget
-from gatekeeper.upstream.session import Upstream, UpstreamSession, request
-from gatekeeper.upstream.tokenreview import TOKEN_REVIEWS, ReviewOutcome, TokenReviewer
+from gatekeeper.types import Identity
+from gatekeeper.upstream.session import Upstream, UpstreamSession
 
 __all__ = [
     "SOCKET_NAME",
@@ -203,9 +203,22 @@ class GatekeeperServer:
             audit=self.audit,
             audit_level=config.audit.level,
             budgets=DriverBudgets(config.limits),
-            tokens=self._token_reviewer() if config.listen_token is not None else None,
-            token_failed=self.metrics.token_failed,
         )
+        reviewer = None
+        if config.listen_token is not None:
+            reviewer = token_reviewer(
+                self.upstream,
+                self.gatekeeper,
+                config.limits,
+                audiences=config.token_audiences,
+                ttl=config.token_cache_ttl,
+                on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
+            )
+        self.identifier = Identifier(
+            self.gatekeeper, reviewer, on_token_failure=self.metrics.token_failed
+        )
+        """Who is calling, for every listener (socket paths and token ports as they start)."""
+        self.identifier.on_identified = self._identified
         self.readiness = Readiness(
             upstream_probe(self.upstream), lambda: self.listening, ttl=config.readiness_cache
         )
@@ -232,30 +245,44 @@ class GatekeeperServer:
         """Counts the drivers' listeners' connections (set by :meth:`start`)."""
         self.health: HealthServer | None = None
         """The health listener's server, holding its connections (set by :meth:`start`)."""
+        self.serving: ServingCertificate | None = None
+        """The token listener's certificate from the CSR API (``--token-cert-signer``)."""
+        self.token_tls: ListenerTLS | None = config.token_tls
+        """The token listener's context: its files', or the requested certificate's."""
+        self._renewal: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> Engine:
         return self.gatekeeper.engine
 
     async def start(self) -> None:
-        """Bind every socket (ConfigError if one fails, nothing listening), then listen."""
+        """Bind every socket (ConfigError if one fails, nothing listening), then listen: the
+        health listener first (alive, not ready), then, once the token listener's requested
+        certificate is issued (ConfigError if it is not), the drivers' listeners."""
         drivers = sorted(self.engine.policy.drivers)
         self._listeners = bind_listeners(self.config, drivers, self._sockets)
         if isinstance(self.upstream, UpstreamSession):
             await self.upstream.start()
         # In-flight requests are drained before the runner shuts down (InFlight.drain).
-        runner = GuardedRunner(self.gatekeeper, self.config.limits, shutdown_timeout=1.0)
-        runner.guard.on_identified = self._identified
+        runner = GuardedRunner(self.identifier, self.config.limits, shutdown_timeout=1.0)
         await runner.setup()
         self._runners.append(runner)
         self.guard = runner.guard
         health_runner = await self._health_runner()
         self.metrics.registry.register(IsolationCollector(runner.guard, self.health))
         for listener in self._listeners:
-            target = health_runner if listener.kind is ListenerKind.HEALTH else None
-            await self._listen(target or runner, listener)
+            if listener.kind is ListenerKind.HEALTH and health_runner is not None:
+                await self._listen(health_runner, listener)
+        first = await self._first_certificate()
+        for listener in self._listeners:
+            if listener.kind is not ListenerKind.HEALTH:
+                await self._listen(runner, listener)
         self.listening = True
         self.reloader.start()
+        if self.serving is not None and isinstance(self.token_tls, IssuedTLS):
+            assert first is not None
+            self._renewal = asyncio.ensure_future(self.serving.renew(self.token_tls, first))
+            self._renewal.add_done_callback(_renewal_ended)
         self._log_started()
         self._check_fields(self.engine.policy)
 
@@ -271,6 +298,23 @@ class GatekeeperServer:
         assert self._fields is not None, "started"
         return await asyncio.shield(self._fields)
 
+    async def _first_certificate(self) -> Issued | None:
+        """The token listener's certificate from the CSR API, when it is requested."""
+        request = self.config.token_cert
+        if request is None:
+            return None
+        self.serving = ServingCertificate(
+            request,
+            self.upstream,
+            self.config.node_name,
+            on_issued=lambda issued: self.expiry.hold("token-listener", issued.not_after),
+            on_request=lambda result: self.metrics.cert_requests.labels(result).inc(),
+        )
+        first = await self.serving.first()
+        self.token_tls = IssuedTLS(first.cert_pem, first.key_pem)
+        self.token_tls.on_handshake_failure = self._handshake_failed
+        return first
+
     async def _health_runner(self) -> web.BaseRunner | None:
         """The health listener's runner, when one is configured (its own connection cap and
         timeouts: :func:`~gatekeeper.server.health.health_server`)."""
@@ -282,25 +326,6 @@ class GatekeeperServer:
         self._runners.append(runner)
         return runner
 
-    def _token_reviewer(self) -> TokenReviewer:
-        """Who holds a driver's token: TokenReviews with the gatekeeper's own credentials, in
-        their own upstream pool, within the review budget (docs/security.md)."""
-
-        async def review(body: KubeObject) -> tuple[int, KubeObject]:
-            return await request(self.upstream, "POST", TOKEN_REVIEWS, body, pool="reviews")
-
-        def driver_of(outcome: ReviewOutcome) -> str | None:
-            return token_driver(outcome, self.engine.policy, self.config.node_name)
-
-        return TokenReviewer(
-            review,
-            budget=ReviewBudget(self.config.limits),
-            driver_of=driver_of,
-            audiences=self.config.token_audiences,
-            ttl=self.config.token_cache_ttl,
-            on_review=lambda result: self.metrics.token_reviews.labels(result).inc(),
-        )
-
     async def _listen(self, runner: web.BaseRunner, listener: Listener) -> None:
         site: web.BaseSite
         kind = listener.kind
@@ -308,7 +333,10 @@ class GatekeeperServer:
         # (docs/operating.md#connection-storms): the kernel holds as many as the cap while they
         # are accepted (Linux caps it at net.core.somaxconn, 4,096 by default).
         backlog = self.config.limits.connections_total
-        tls = {ListenerKind.MTLS: self.config.listen_tls, ListenerKind.TOKEN: self.config.token_tls}
+        tls: dict[ListenerKind, ListenerTLS | None] = {
+            ListenerKind.MTLS: self.config.listen_tls,
+            ListenerKind.TOKEN: self.token_tls,
+        }
         if (context := tls.get(kind)) is not None:
             assert isinstance(runner, GuardedRunner)
             site = TLSGateSite(runner, listener.sock, context, listener=kind, backlog=backlog)
@@ -323,13 +351,13 @@ class GatekeeperServer:
         port = listener.sock.getsockname()[1] if kind is not ListenerKind.UNIX else 0
         if kind is ListenerKind.UNIX:
             # The accepted socket reports the listening path as its sockname: the identity.
-            self.gatekeeper.socket_drivers[listener.path] = listener.driver
+            self.identifier.socket_drivers[listener.path] = listener.driver
         elif kind is ListenerKind.MTLS:
             self.tls_port = int(port)
         elif kind is ListenerKind.TOKEN:
             # The accepted socket reports the listening port: its drivers show a token.
             self.token_port = int(port)
-            self.gatekeeper.token_ports.add(self.token_port)
+            self.identifier.token_ports.add(self.token_port)
         else:
             self.health_port = int(port)
 
@@ -365,6 +393,10 @@ class GatekeeperServer:
             self._fields.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._fields
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
@@ -417,9 +449,9 @@ class GatekeeperServer:
     async def remove_driver_sockets(self, drivers: list[str]) -> None:
         """Stop listening for drivers a reloaded policy removed."""
         gone = set(drivers)
-        for path, driver in list(self.gatekeeper.socket_drivers.items()):
+        for path, driver in list(self.identifier.socket_drivers.items()):
             if driver in gone:
-                del self.gatekeeper.socket_drivers[path]
+                del self.identifier.socket_drivers[path]
                 log.info("closed driver=%s socket=%s", driver, path)
         runner = self._runners[0] if self._runners else None
         if runner is not None:
@@ -436,6 +468,12 @@ class GatekeeperServer:
         if self._sockets is not None:
             for driver in gone:
                 self._sockets.release(driver)  # only the file that is still ours
+
+
+def _renewal_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        # Never silent: the certificate now expires unrenewed (the expiry metric shows it).
+        log.error("serving certificate renewal stopped", exc_info=exc)
 
 
 async def run_until_signal(

@@ -94,7 +94,7 @@ async def test_a_unix_socket_of_no_driver_is_one_forbid_event(audited: Audited) 
     """A request with no identity (a socket no driver is bound to any more) is refused 401 and
     audited; over mTLS, no certificate means no HTTP at all (refused at the handshake)."""
     path = audited.socket_path(GPU)
-    audited.server.gatekeeper.socket_drivers.pop(str(path))
+    audited.server.identifier.socket_drivers.pop(str(path))
     response = await send_raw(path, build_request("GET", "/version"))
     assert response.status == 401
     (event,) = await audited.events()

@@ -52,7 +52,8 @@ async def test_demo_serves_kubectl_and_cleans_up_but_keeps_its_audit_log(tmp_pat
     assert f"the audit log is kept: {audit}" in last
     assert os.path.basename(kubeconfig) == "gpu.example.com.kubeconfig"
     events = [json.loads(line) for line in audit.read_text().splitlines()]
-    (created,) = [e for e in events if e["verb"] == "create"]
+    (created,) = [e for e in events if e["verb"] == "create"
+                  and e["requestObject"]["metadata"]["name"] == "demo-node-x"]  # fmt: skip
     assert created["level"] == "RequestResponse" and created["requestObject"]["spec"]
     checked = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gatekeeper", "audit", "check", str(audit),
@@ -87,6 +88,13 @@ async def _start_demo(
         assert raw, "demo exited before it was ready"
         lines.append(raw.decode().strip())
     return process, lines
+
+
+def _as_typed_from_the_clone(program: str) -> str:
+    """A program's path as the demo prints it for a user in the clone: relative inside it (the
+    README's .venv), absolute outside (a venv elsewhere, as .ci/newest makes)."""
+    path = Path(os.path.abspath(program))
+    return os.path.relpath(path, REPO) if path.is_relative_to(REPO) else str(path)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -159,6 +167,17 @@ async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
     assert process.returncode == 0
     assert workdir.is_dir() and (workdir / "audit.log").exists()  # --dir is kept
     assert not (workdir / "sockets" / GPU / "api.sock").exists()
+    # The demo's own changes went through the gatekeeper as the driver's: audited, allowed.
+    events = [json.loads(line) for line in (workdir / "audit.log").read_text().splitlines()]
+    changes = [e for e in events if e["userAgent"].startswith("dra-gatekeeper-demo")
+               and e["stage"] == "ResponseComplete"]  # fmt: skip
+    assert {e["verb"] for e in changes} == {"create", "delete"}, changes
+    for event in changes:
+        assert event["user"]["username"] == GPU
+        named = event["objectRef"].get("name") or event["requestObject"]["metadata"]["name"]
+        assert named == "demo-node-gpu.example.com-1"
+        assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
+        assert event["responseStatus"]["code"] in (200, 201)
 
 
 @pytest.mark.kubectl
@@ -168,7 +187,7 @@ async def test_upstream_only_runs_the_embedded_api_server_alone(tmp_path: Path) 
         kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
         (serve,) = [line.split() for line in lines if " serve --node-name " in line]
         # Printed as it runs from here: the interpreter that runs the demo, with -m gatekeeper.
-        assert serve[:3] == [os.path.relpath(sys.executable, REPO), "-m", "gatekeeper"]
+        assert serve[:3] == [_as_typed_from_the_clone(sys.executable), "-m", "gatekeeper"]
         run = await asyncio.create_subprocess_exec(
             str(KUBECTL),
             *("--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "c")),
@@ -195,10 +214,8 @@ async def test_the_printed_serve_command_runs_as_printed(tmp_path: Path) -> None
     on_path = shutil.which("dra-gatekeeper")
     if on_path is not None and os.path.samefile(on_path, CONSOLE_SCRIPT):
         assert serve[0] == "dra-gatekeeper"
-    elif CONSOLE_SCRIPT.is_relative_to(REPO):  # a venv in the clone (the README's: .venv)
-        assert serve[0] == os.path.relpath(CONSOLE_SCRIPT, REPO)
     else:
-        assert serve[0] == str(CONSOLE_SCRIPT)
+        assert serve[0] == _as_typed_from_the_clone(str(CONSOLE_SCRIPT))
     ran = await asyncio.create_subprocess_exec(
         serve[0], "--version", cwd=REPO, stdout=asyncio.subprocess.PIPE
     )

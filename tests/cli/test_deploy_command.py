@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gatekeeper.cli.deploy import FILES, VALUES_MARKER
+from gatekeeper.cli.deploy import FILES, RELEASE_NAMESPACE, VALUES_MARKER
 from gatekeeper.cli.flowcontrol import MATCHING_PRECEDENCE, flow_control
 from gatekeeper.cli.main import main
 
@@ -41,6 +41,7 @@ def test_prints_every_object_valid(policy: Path, capsys: pytest.CaptureFixture[s
     documents = [d for d in yaml.safe_load_all(out) if d]
     assert [d["kind"] for d in documents] == [
         "ClusterRole",
+        "ClusterRoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "PriorityLevelConfiguration",
@@ -59,17 +60,39 @@ def test_helm_values_carry_the_policy_and_what_it_checks(
     assert values["policy"] == POLICY
     generated = values["generated"]
     assert generated["policySHA256"] == hashlib.sha256(POLICY.encode()).hexdigest()
-    assert generated["serviceAccount"] == "kube-system/dra-gatekeeper"
+    assert generated["serviceAccount"] == "dra-gatekeeper"
     assert [(d["kind"], d["metadata"]["name"]) for d in generated["objects"]] == [
         ("ClusterRole", "g"),
+        ("ClusterRoleBinding", "g"),
         ("PriorityLevelConfiguration", "g"),
         ("FlowSchema", "g"),
     ]
+    # Made for the release's namespace, whichever: the chart puts its own in.
+    assert "kube-system" not in yaml.safe_dump(generated)
+    assert generated["objects"][1]["subjects"][0]["namespace"] == RELEASE_NAMESPACE
+    assert "namespaceRole" not in generated  # the policy has no DriverNamespace kinds
     assert [d["kind"] for d in generated["admissionPolicy"]] == [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
     assert "policy: |\n" in out  # the policy stays readable in the values file
+
+
+def test_a_driver_namespace_role_is_left_to_publish_ca_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DriverNamespace kind: its ClusterRole is generated, no RoleBinding in a namespace that
+    may not exist yet; the chart learns the role's name for publish-ca --bind-role."""
+    rules = Path(__file__).resolve().parents[1] / "policy" / "rules" / "rules.yaml"
+    served = tmp_path / "rules.yaml"
+    served.write_text(rules.read_text())
+    code, out, err = run(capsys, "--policy", str(served), "--format", "helm-values")
+    assert code == 0, err
+    generated = yaml.safe_load(out)["generated"]
+    assert generated["namespaceRole"] == "dra-gatekeeper-driver-namespaces"
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in generated["objects"]]
+    assert ("ClusterRole", "dra-gatekeeper-driver-namespaces") in kinds
+    assert not [kind for kind, _ in kinds if kind in ("Role", "RoleBinding")]
 
 
 def test_out_and_chart_are_written_together(

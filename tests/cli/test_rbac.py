@@ -11,7 +11,14 @@ import pytest
 import yaml
 
 from gatekeeper.cli.main import main
-from gatekeeper.cli.rbac import cluster_role, driver_roles, namespace_roles, run_policy_command
+from gatekeeper.cli.rbac import (
+    cluster_role,
+    driver_namespace_role,
+    driver_roles,
+    namespace_bindings,
+    render_rbac,
+    run_policy_command,
+)
 from gatekeeper.policyfile import load_policy, parse_policy
 
 WIDGETS = """
@@ -107,8 +114,9 @@ def test_command_prints_yaml_and_refuses_a_policy_without_drivers(
     policy = tmp_path / "w.yaml"
     policy.write_text(WIDGETS)
     assert run_policy_command(["rbac", "--policy", str(policy), "--name", "gk"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["metadata"]["name"] == "gk" and printed["kind"] == "ClusterRole"
+    role, binding = yaml.safe_load_all(capsys.readouterr().out)
+    assert role["metadata"]["name"] == "gk" and role["kind"] == "ClusterRole"
+    assert binding["kind"] == "ClusterRoleBinding" and binding["roleRef"]["name"] == "gk"
     result = subprocess.run(
         [sys.executable, "-m", "gatekeeper", "policy", "rbac"], capture_output=True, text=True
     )
@@ -138,8 +146,9 @@ RULES_POLICY = Path(__file__).resolve().parents[1] / "policy" / "rules" / "rules
 
 def test_every_rule_of_the_language_gets_its_rights_where_they_belong() -> None:
     """Gatekeeper-decided kinds in its ClusterRole; DriverNamespace kinds only in the drivers'
-    namespaces (Roles bound to the gatekeeper); DriverCredentials kinds only in the drivers' own
-    ClusterRoles (bound to their ServiceAccounts), never the gatekeeper's."""
+    namespaces (a ClusterRole bound to the gatekeeper by a RoleBinding in each); DriverCredentials
+    kinds only in the drivers' own ClusterRoles (bound to their ServiceAccounts), never the
+    gatekeeper's."""
     policy = load_policy(str(RULES_POLICY))
     cluster = cluster_role(policy)["rules"]
     resources = {r for rule in cluster for r in rule.get("resources", [])}
@@ -149,15 +158,21 @@ def test_every_rule_of_the_language_gets_its_rights_where_they_belong() -> None:
     assert taints["verbs"] == ["get", "list", "watch", "create", "update", "patch", "delete"]
     node = next(r for r in cluster if r.get("resources") == ["nodes"])
     assert node["verbs"] == ["get", "update", "patch"]
-    roles = namespace_roles(policy, "kube-system/gk")
-    assert [(d["kind"], d["metadata"]["namespace"]) for d in roles] == [
-        ("Role", "fpga-system"), ("RoleBinding", "fpga-system"),
-        ("Role", "gpu-system"), ("RoleBinding", "gpu-system"),
+    role = driver_namespace_role(policy)
+    assert role is not None and role["metadata"]["name"] == "dra-gatekeeper-driver-namespaces"
+    assert {r["resources"][0] for r in role["rules"]} == {"events", "leases"}
+    bindings = namespace_bindings(policy, "kube-system/gk")
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in bindings] == [
+        ("RoleBinding", "fpga-system"), ("RoleBinding", "gpu-system"),
     ]  # fmt: skip
-    assert roles[1]["subjects"] == [
+    assert bindings[0]["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert bindings[1]["subjects"] == [
         {"kind": "ServiceAccount", "name": "gk", "namespace": "kube-system"}
     ]
-    assert {r["resources"][0] for r in roles[0]["rules"]} == {"events", "leases"}
     drivers = driver_roles(policy)
     gpu_role, gpu_binding = drivers[2], drivers[3]
     assert gpu_role["metadata"]["name"] == "dra-gatekeeper:driver:gpu.example.com"
@@ -176,8 +191,27 @@ def test_the_command_prints_each_part_under_its_comment(capsys: pytest.CaptureFi
     assert main(["policy", "rbac", "--policy", str(RULES_POLICY)]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in documents] == [
-        "ClusterRole", "Role", "RoleBinding", "Role", "RoleBinding",
+        "ClusterRole", "ClusterRoleBinding",
+        "ClusterRole", "RoleBinding", "RoleBinding",
         "ClusterRole", "ClusterRoleBinding", "ClusterRole", "ClusterRoleBinding",
     ]  # fmt: skip
+    assert documents[1]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "dra-gatekeeper", "namespace": "kube-system"}
+    ]
     assert main(["policy", "rbac", "--policy", str(RULES_POLICY), "--service-account", "x"]) == 2
     assert "--service-account 'x' is not NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_the_output_names_the_binding_and_what_makes_the_namespace_ones() -> None:
+    """The gatekeeper's ClusterRoleBinding is printed (its output alone binds the gatekeeper);
+    the deployment's leaves the RoleBindings of namespaces that may not exist yet to publish-ca,
+    and says so."""
+    policy = load_policy(str(RULES_POLICY))
+    printed = render_rbac(policy, "gk", "ops/gk")
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(printed)]
+    assert kinds[:2] == [("ClusterRole", "gk"), ("ClusterRoleBinding", "gk")]
+    assert ("RoleBinding", "gk-driver-namespaces") in kinds
+    deployed = render_rbac(policy, "gk", "ops/gk", namespace_bindings_too=False)
+    assert "RoleBinding" not in [d["kind"] for d in yaml.safe_load_all(deployed)]
+    assert "`publish-ca --bind-role gk-driver-namespaces --bind-service-account ops/gk`" in deployed
+    assert "(fpga-system, gpu-system)" in deployed

@@ -4,6 +4,13 @@ within the caps gets in, and none is reset on the way (docs/operating.md#connect
 Each connection is unauthenticated until its handshake has verified a certificate, so a burst
 of them sits in the listener's unauthenticated bucket together: the bucket holds a whole
 listener's worth of drivers' connections, and the listen backlog as many again.
+
+What is checked is the caps, not the machine's speed: 1,000 handshakes share one event loop and
+took 1.8 s on quiet cores but more than the default 10 s ``--header-timeout`` on cores other
+processes kept busy (792 of them timed out server-side, after each client had already finished
+its part: TLS 1.3), so the gatekeeper here gives each the time the test allows the whole storm.
+The test then waits until every connection is accounted for (a driver's, failed or refused),
+not for all to be a driver's, so that a loss fails at once with the counts.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ DRIVERS = [f"storm-{i}.example.com" for i in range(8)]
 PER_DRIVER = 125
 """8 drivers x 125 = 1,000 connections at once: within the default caps (128 a driver, 1,024
 in all), above the 256 the unauthenticated bucket held before it was sized for this."""
+STORM_SECONDS = 90
+"""The bound on the whole storm: each handshake may take as long (``--header-timeout``)."""
 
 
 def _room_for(descriptors: int) -> None:
@@ -73,6 +82,7 @@ async def test_a_restart_storm_within_the_caps_is_accepted_whole(
         *("--health-listen", f"127.0.0.1:{health}", "--listen", f"127.0.0.1:{port}"),
         *("--tls-cert-file", pki.path("server.crt"), "--tls-key-file", pki.path("server.key")),
         *("--client-ca-file", pki.path("ca.crt")),
+        *("--header-timeout", str(STORM_SECONDS)),
         stderr=asyncio.subprocess.DEVNULL,
     )
     opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -84,22 +94,24 @@ async def test_a_restart_storm_within_the_caps_is_accepted_whole(
                 "127.0.0.1", port, ssl=contexts[driver], server_hostname="127.0.0.1"
             )
 
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(STORM_SECONDS + 30):
             opened = await asyncio.gather(
                 *(connect(driver) for _ in range(PER_DRIVER) for driver in DRIVERS)
             )
-            # Every one is counted as its driver's once its handshake is done: poll for it.
+            # The server finishes each handshake after its client has (TLS 1.3): poll until
+            # each connection is a driver's, failed or refused, and none is still in the bucket.
             while True:
                 counts = await _connections(health)
                 held = {d: counts.get(("dra_gatekeeper_connections_open", d), 0) for d in DRIVERS}
-                if sum(held.values()) >= total:
+                pending = counts.get(("dra_gatekeeper_connections_open", UNAUTHENTICATED), 0)
+                lost = sum(v for k, v in counts.items() if "refused" in k[0] or "failures" in k[0])
+                if not pending and sum(held.values()) + lost >= total:
                     break
                 await asyncio.sleep(0.1)
-        assert held == dict.fromkeys(DRIVERS, PER_DRIVER)
         # None was closed to make room, none refused, no handshake failed or timed out.
+        assert held == dict.fromkeys(DRIVERS, PER_DRIVER), counts
         assert not [key for key, value in counts.items() if "refused" in key[0] and value]
         assert counts.get(("dra_gatekeeper_tls_handshake_failures_total", ""), 0) == 0
-        assert counts.get(("dra_gatekeeper_connections_open", UNAUTHENTICATED), 0) == 0
         # And they serve: the first and the last connection of every driver.
         sample = [*opened[: len(DRIVERS)], *opened[-len(DRIVERS) :]]
         for _, writer in sample:

@@ -107,7 +107,7 @@ async def test_what_a_driver_leaves_costs_only_its_own_listener(
     try:
         async with serving(apiserver, policy, socket_dir) as server:
             assert await version_status(socket_path(socket_dir, NIC)) == 200
-            assert GPU not in server.gatekeeper.socket_drivers.values()
+            assert GPU not in server.identifier.socket_drivers.values()
             assert f"not listening for driver={GPU}" in caplog.text and reason in caplog.text
         # Left as it was: nothing followed, replaced or removed.
         assert os.lstat(socket_path(socket_dir, GPU)) is not None
@@ -140,7 +140,7 @@ async def test_a_symlinked_driver_directory_is_not_entered(
     (socket_dir / GPU).symlink_to(elsewhere)
     async with serving(apiserver, policy, socket_dir) as server:
         assert await version_status(socket_path(socket_dir, NIC)) == 200
-        assert list(server.gatekeeper.socket_drivers.values()) == [NIC]
+        assert list(server.identifier.socket_drivers.values()) == [NIC]
     assert list(elsewhere.iterdir()) == []
 
 

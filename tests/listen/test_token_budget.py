@@ -13,10 +13,10 @@ import pytest
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.limits import Limits
+from gatekeeper.listen.identity import TokenFailure
 from gatekeeper.policy import Policy
 from gatekeeper.testing.harness import GPU, PINNED, PKI, metric_value, slice_body
 from gatekeeper.upstream.session import UpstreamSession
-from gatekeeper.upstream.tokenfailures import TokenFailure
 from tests.tokencluster import SA, TokenGatekeeper, call, reviews_of, start, token, token_cluster
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

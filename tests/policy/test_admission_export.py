@@ -146,6 +146,65 @@ def test_the_admission_policy_refuses_a_takeover_by_itself(what: str, write: Wri
     assert EXPORT.refusal(write, NODE) is not None
 
 
+def managed(*entries: tuple[str, str, Any]) -> list[dict[str, Any]]:
+    """managedFields entries: (manager, time, fieldsV1)."""
+    return [
+        {"manager": manager, "operation": "Update", "apiVersion": "v1", "time": time,
+         "fieldsType": "FieldsV1", "fieldsV1": fields}
+        for manager, time, fields in entries
+    ]  # fmt: skip
+
+
+def labelled(labels: Any, entries: list[dict[str, Any]]) -> Any:
+    obj = node_object(labels)
+    obj["metadata"]["managedFields"] = entries
+    return obj
+
+
+def owns(*keys: str) -> dict[str, Any]:
+    return {"f:metadata": {"f:labels": {f"f:{key}": {} for key in keys}}}
+
+
+T0, T1 = "2026-12-01T10:00:00Z", "2026-12-02T10:00:00Z"
+KUBELET = ("kubelet", T0, owns("kubernetes.io/hostname", "gpu.example.com/x"))
+HOSTNAME = owns("kubernetes.io/hostname")
+WRITER = ("driver", T1, owns("gpu.example.com/x"))
+STORED_NODE = labelled({"kubernetes.io/hostname": NODE, "gpu.example.com/x": "1"}, managed(KUBELET))
+# (id, managedFields after the write, refused): the write changes gpu.example.com/x (allowed).
+BOOKKEEPING = [
+    ("the-writers-new-entry-taking-a-field", managed(("kubelet", T0, HOSTNAME), WRITER), False),
+    ("forged-another-entry",
+     managed(KUBELET, WRITER, ("controller", T1, {"f:spec": {"f:taints": {}}})), True),
+    ("forged-growth-of-an-entry",
+     managed(("kubelet", T0, {**HOSTNAME, "f:spec": {"f:taints": {}}}), WRITER), True),
+    ("forged-manager-renamed", managed(("kube-controller-manager", T0, HOSTNAME), WRITER), True),
+    ("cleared", [], False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("after", "refused"), [c[1:] for c in BOOKKEEPING], ids=[c[0] for c in BOOKKEEPING]
+)
+def test_managed_fields_change_only_as_the_apiserver_records_the_write(
+    after: list[dict[str, Any]], refused: bool
+) -> None:
+    """What the apiserver's bookkeeping of one write does (the writer's entry, the fields it took
+    over), the admission policy allows; an entry a write brought, changed or grew, it refuses."""
+    new = labelled({"kubernetes.io/hostname": NODE, "gpu.example.com/x": "2"}, after)
+    write = Write("update", "", "v1", "nodes", name=NODE, object=new, old_object=STORED_NODE)
+    refusal = EXPORT.refusal(write, NODE)
+    assert (refusal is not None) is refused, refusal
+    if refused:
+        assert refusal is not None and "managedFields" in refusal.validation.message
+
+
+def test_a_create_brings_no_managed_fields_entry_of_its_own() -> None:
+    created = {**slice_v1(), "metadata": {"name": "s", "managedFields": managed(KUBELET)}}
+    assert EXPORT.refusal(Write("create", *SLICE, object=created), NODE) is None
+    created["metadata"]["managedFields"] = managed(KUBELET, ("driver", T1, {}))
+    assert EXPORT.refusal(Write("create", *SLICE, object=created), NODE) is not None
+
+
 def test_a_token_without_a_node_is_refused() -> None:
     refusal = EXPORT.refusal(Write("create", *SLICE, object=slice_v1()), node="")
     assert refusal is not None and "names no node" in refusal.validation.message

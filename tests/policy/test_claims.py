@@ -11,11 +11,12 @@ import pytest
 
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine
-from gatekeeper.policy.claims import first_difference
-from gatekeeper.policy.conversation import preview_of
+from gatekeeper.policy.changes import first_difference
+from gatekeeper.policy.engine import ANSWERED_FROM_READ
 from gatekeeper.policy.nodeselector import selects_node
 from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH
 from gatekeeper.policy.plan import Plan
+from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline, planned_fetch
@@ -24,6 +25,7 @@ NODE = "node-a"
 GPU = Identity(driver="gpu.example.com", transport="unix")
 NIC = Identity(driver="nic.example.com", transport="unix")
 ENGINE = Engine(load_policy(None).with_drivers(frozenset({GPU.driver, NIC.driver})), NODE)
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 STATUS = f"{CLAIMS}/c1/status"
 
@@ -142,7 +144,12 @@ def test_get_sees_only_claims_in_scope(obj: dict[str, Any], visible: bool) -> No
     decision = decide("GET", target, current=obj)
     assert decision.allowed is visible, decision.message
     if visible:
-        assert decision.filter is not None and decision.filter(obj)
+        # The claim read and checked is the answer: one read, and nothing else can slip in.
+        assert (decision.reason, decision.response) == (ANSWERED_FROM_READ, obj)
+        # A form the read cannot answer (kubectl's Table) is forwarded, and filtered again.
+        info = parse_request("GET", target)
+        forwarded = decide_offline(ENGINE, GPU, info, current=obj, accept=TABLE)
+        assert forwarded.filter is not None and forwarded.filter(obj)
     else:
         # SECURITY: out of scope is indistinguishable from absent.
         assert decision.code == 404
@@ -258,7 +265,12 @@ WRITES = [
         None,
     ),
     ("no-change", STORED, None),
-    ("drop-server-fields", changed(("metadata", "managedFields"), [{"manager": "x"}]), None),
+    # The apiserver's own bookkeeping: a driver's write neither forges nor clears it.
+    (
+        "set-managed-fields",
+        changed(("metadata", "managedFields"), [{"manager": "x"}]),
+        "metadata.managedFields is maintained by the apiserver",
+    ),
     (
         "add-other-driver-entry",
         with_status(STORED, devices=[entry(NIC.driver, "dev-1"), entry(NIC.driver, "dev-9")]),
@@ -382,8 +394,9 @@ def test_strategic_merge_decides_on_the_upstream_preview() -> None:
     assert decision.allowed, decision.message
     plan = ENGINE.plan(GPU, request, "application/strategic-merge-patch+json")
     assert isinstance(plan, Plan)
-    assert preview_of(plan, patch, STORED) is not None
-    assert preview_of(plan, patch, claim(NIC.driver)) is None
+    asked = predict(plan, patch, STORED)
+    assert isinstance(asked, Stored) and asked.preview is not None
+    assert predict(plan, patch, claim(NIC.driver)) is None
 
 
 REFUSED = [

@@ -13,7 +13,8 @@ import pytest
 
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Engine
-from gatekeeper.policy.claims import first_difference, same_instant, status_change_violation
+from gatekeeper.policy.changes import first_difference, same_instant
+from gatekeeper.policy.claims import status_change_violation
 from gatekeeper.policy.patching import MERGE_PATCH
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request

@@ -14,9 +14,9 @@ from gatekeeper.codec.kubeproto import read_envelope
 from gatekeeper.errors import Refusal
 from gatekeeper.listen.identity import Identity
 from gatekeeper.policy import Decision, Engine
-from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.model import Field
 from gatekeeper.policy.plan import Plan
+from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.encoded import CBOR, PROTOBUF, EncodedBody, read_encoded
 from gatekeeper.request.requestinfo import parse_request
@@ -66,9 +66,12 @@ def run(
     if isinstance(plan, Decision):
         return plan, None
     assert isinstance(plan, Plan)
-    preview = preview_of(plan, payload, current)
-    proposed = preview.answered(*answer) if preview is not None and answer else None
-    return ENGINE.decide(plan, payload, current, proposed), preview
+    stored = predict(plan, payload, current)
+    assert stored is None or isinstance(stored, Stored)
+    preview = stored.preview if stored is not None else None
+    if stored is not None and preview is not None and answer:
+        stored = stored.answered(preview.answered(*answer))
+    return ENGINE.decide(plan, payload, current, stored), preview
 
 
 def test_create_is_decided_on_the_decoding_and_forwards_the_bytes() -> None:
@@ -149,10 +152,11 @@ def test_fill_is_not_applied_to_encoded_bodies() -> None:
     plan = engine.plan(GPU, parse_request("POST", SLICES), PROTOBUF)
     assert isinstance(plan, Plan)
     payload = encoded()
-    preview = preview_of(plan, payload, None)
-    assert preview is not None
+    predicted = predict(plan, payload, None)
+    assert isinstance(predicted, Stored) and predicted.preview is not None
     unfilled = slice_json(driver="")
-    decision = engine.decide(plan, payload, None, preview.answered(201, stored(unfilled)))
+    answer = predicted.answered(predicted.preview.answered(201, stored(unfilled)))
+    decision = engine.decide(plan, payload, None, answer)
     assert decision.code == 403 and "filled only in JSON" in decision.message
 
 
@@ -210,3 +214,45 @@ def test_claim_status_update_is_decided_by_the_claim_rule() -> None:
     assert ok.forwards
     refused, _ = run("PUT", f"{CLAIM}/status", claim_body, allocated, (200, theirs))
     assert refused.code == 403 and "status.devices" in refused.message
+
+
+# --- fields only the apiserver maintains (issue 39) -----------------------------------------------
+
+MANAGED = field(17, field(1, "kubelet") + field(2, "Apply") + field(3, "v1"))
+
+
+def test_a_protobuf_body_goes_upstream_without_managed_fields_or_generation() -> None:
+    """ObjectMeta's managedFields (17) and generation (7) are cut from the bytes previewed and
+    forwarded: the apiserver then keeps its own, as it does for a body that leaves them out."""
+    plain = encoded()
+    forged = read_encoded(
+        body(META + MANAGED + field(7, b"\x09"), rest=SPEC), PROTOBUF, "create"
+    )  # fmt: skip
+    assert isinstance(forged, EncodedBody)
+    decision, preview = run("POST", SLICES, forged, None, (201, stored(slice_json())))
+    assert preview is not None and preview.body == plain.raw
+    assert decision.forwards and decision.body == plain.raw
+    # A body without them goes as the driver sent it, byte for byte.
+    _, honest = run("POST", SLICES, plain, None, (201, stored(slice_json())))
+    assert honest is not None and honest.body is plain.raw
+
+
+def entry(manager: str) -> dict[str, Any]:
+    return {"manager": manager, "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+            "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize(("entries", "allowed"), [(1, True), (2, False)], ids=["writer", "brought"])
+def test_a_cbor_create_may_not_bring_managed_fields(entries: int, allowed: bool) -> None:
+    """CBOR bytes have no codec here to cut them from: the dry run shows what the body brought."""
+    payload = EncodedBody(b"\xd9\xd9\xf7\xa0", CBOR)
+    answer = stored(slice_json())
+    answer["metadata"]["managedFields"] = [entry(f"m{i}") for i in range(entries)]
+    decision, preview = run("POST", SLICES, payload, None, (201, answer))
+    assert preview is not None
+    assert decision.allowed is allowed
+    if not allowed:
+        assert (
+            decision.code == 403
+            and "brings entries of its own (2 in its dry run" in decision.message
+        )

@@ -9,7 +9,6 @@ import pytest
 from gatekeeper.policy import Decision
 from gatekeeper.policy.integrity import (
     body_shape,
-    patch_result,
     pin_delete,
     pin_resource_version,
     pinned_update,
@@ -17,15 +16,12 @@ from gatekeeper.policy.integrity import (
     stale_conflict,
     stored_resource_version,
 )
-from gatekeeper.policy.patching import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
-from gatekeeper.policy.plan import Preview
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 
 SLICES = load_policy(None).kinds[("resource.k8s.io", "resourceslices")]
 URL = "/apis/resource.k8s.io/v1/resourceslices/s1"
 PUT = parse_request("PUT", URL)
-PATCH = parse_request("PATCH", URL)
 
 
 def body(**metadata: Any) -> dict[str, Any]:
@@ -91,32 +87,6 @@ def test_an_update_is_pinned_to_what_was_checked() -> None:
     )
     assert stale_conflict(PUT, SLICES, "", "7") is None
     assert stale_conflict(PUT, SLICES, "7", "7") is None
-
-
-def test_a_patch_result_is_computed_or_taken_from_the_preview() -> None:
-    prepared = patch_result(PATCH, SLICES, {"spec": {"a": 1}}, STORED, MERGE_PATCH, None)
-    assert not isinstance(prepared, Decision)
-    result, pinned = prepared
-    assert result["spec"] == {"a": 1}
-    assert pinned == {"spec": {"a": 1}, "metadata": {"resourceVersion": "7"}}
-    previewed = {**STORED, "spec": {"from": "apiserver"}}
-    preview = Preview(PATCH, {"pinned": True}, STRATEGIC_MERGE).answered(200, previewed)
-    prepared = patch_result(PATCH, SLICES, {"spec": {}}, STORED, STRATEGIC_MERGE, preview)
-    assert prepared == (previewed, {"pinned": True})  # built once, for the dry run
-
-
-@pytest.mark.parametrize(
-    ("patch", "media_type", "code"),
-    [
-        ({"metadata": {"resourceVersion": "6"}}, MERGE_PATCH, 409),
-        ([{"op": "remove", "path": "/nope"}], JSON_PATCH, 422),
-        ({"kind": "Pod"}, MERGE_PATCH, 400),
-    ],
-    ids=["stale", "not-applicable", "wrong-shape"],
-)
-def test_a_patch_is_refused(patch: Any, media_type: str, code: int) -> None:
-    refused = patch_result(PATCH, SLICES, patch, STORED, media_type, None)
-    assert isinstance(refused, Decision) and refused.code == code
 
 
 def test_a_delete_lands_only_on_what_was_checked() -> None:

@@ -13,8 +13,8 @@ from gatekeeper.policy.patching import (
     MERGE_PATCH,
     PatchError,
     merge_patch,
-    patched_object,
 )
+from gatekeeper.policy.stored import patched_object
 from tests.recorded import recording
 
 # (id, stored, patch, expected)

@@ -8,9 +8,9 @@ import pytest
 
 from gatekeeper.apiserver import resource_slice
 from gatekeeper.policy import Decision, Engine
-from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.patching import APPLY, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.policyfile import load_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NIC, NODE
@@ -62,9 +62,10 @@ def test_requests_settled_on_their_own_need_no_plan() -> None:
 def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
     patch = {"metadata": {"labels": {"a": "b"}}}
     planned = plan("PATCH", SLICE, media_type)
-    assert planned.previews
-    preview = preview_of(planned, patch, stored())
-    assert preview is not None
+    predicted = predict(planned, patch, stored())
+    assert isinstance(predicted, Stored)
+    preview = predicted.preview
+    assert isinstance(preview, Preview)
     assert preview.body == {"metadata": {"labels": {"a": "b"}, "resourceVersion": "7"}}
     assert preview.media_type == media_type
     assert preview.target.target == SLICE
@@ -79,17 +80,22 @@ def test_a_previewed_patch_is_pinned_once(media_type: str) -> None:
         (JSON_PATCH, [], stored()),
         (STRATEGIC_MERGE, {}, None),
         (STRATEGIC_MERGE, {}, stored(NIC)),
-        (STRATEGIC_MERGE, [], stored()),
-        (STRATEGIC_MERGE, {"metadata": "x"}, stored()),
     ],
-    ids=["merge", "json", "absent", "not-the-callers", "not-an-object", "unpinnable"],
+    ids=["merge-computed", "json-computed", "absent", "not-the-callers"],
 )
 def test_no_preview_where_none_is_needed_or_allowed(
     media_type: str, patch: Any, current: Any
 ) -> None:
-    planned = plan("PATCH", SLICE, media_type)
-    assert planned.previews is (media_type == STRATEGIC_MERGE)
-    assert preview_of(planned, patch, current) is None
+    predicted = predict(plan("PATCH", SLICE, media_type), patch, current)
+    assert predicted is None or (isinstance(predicted, Stored) and predicted.preview is None)
+
+
+@pytest.mark.parametrize(
+    ("patch", "code"), [([], 400), ({"metadata": "x"}, 422)], ids=["not-an-object", "unpinnable"]
+)
+def test_a_patch_that_cannot_be_pinned_is_refused_before_any_dry_run(patch: Any, code: int) -> None:
+    refused = predict(plan("PATCH", SLICE, STRATEGIC_MERGE), patch, stored())
+    assert isinstance(refused, Decision) and (refused.allowed, refused.code) == (False, code)
 
 
 def test_a_preview_carries_the_upstreams_answer() -> None:
@@ -97,12 +103,16 @@ def test_a_preview_carries_the_upstreams_answer() -> None:
     assert (preview.code, preview.result, preview.rejected) == (0, None, False)
     conflict = preview.answered(409, {"kind": "Status", "code": 409})
     assert conflict.rejected and conflict.result == {"kind": "Status", "code": 409}
-    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(), conflict)
+    planned = plan("PATCH", SLICE, STRATEGIC_MERGE)
+    predicted = predict(planned, {}, stored())
+    assert isinstance(predicted, Stored)
+    decision = ENGINE.decide(planned, {}, stored(), predicted.answered(conflict))
     assert (decision.allowed, decision.code, decision.forwards) == (True, 409, False)
     assert decision.response == {"kind": "Status", "code": 409}
 
 
 def test_a_rejected_preview_of_another_drivers_object_is_still_refused() -> None:
     conflict = Preview(parse_request("PATCH", SLICE), {}, STRATEGIC_MERGE).answered(409, {})
-    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(NIC), conflict)
+    answered = Stored({}, None, conflict)
+    decision = ENGINE.decide(plan("PATCH", SLICE, STRATEGIC_MERGE), {}, stored(NIC), answered)
     assert (decision.allowed, decision.code) == (False, 403)

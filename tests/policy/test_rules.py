@@ -79,8 +79,10 @@ def test_driver_credentials_are_marked_on_the_decision_and_nothing_is_read() -> 
 def test_an_informer_of_the_own_node_lists_and_watches_it_by_name() -> None:
     """A node informer lists and watches with fieldSelector metadata.name=<node>: allowed where
     the policy lists those verbs, and pinned to this node's name."""
-    text = (RULES / "rules.yaml").read_text().replace(
-        "    verbs: [get, patch, update]", "    verbs: [get, list, watch, patch, update]"
+    text = (
+        (RULES / "rules.yaml")
+        .read_text()
+        .replace("    verbs: [get, patch, update]", "    verbs: [get, list, watch, patch, update]")
     )
     policy = parse_policy(text, "p.yaml", directory=str(RULES))
     engine = Engine(policy, NODE)

@@ -22,6 +22,7 @@ __all__ = [
     "ADMISSION",
     "SLICES",
     "admission_objects",
+    "await_admission",
     "denied_by",
     "forwarded_but_denied",
     "install_admission",
@@ -84,6 +85,12 @@ def install_admission(
     vap, binding = admission_objects(policy, drivers, f"{namespace}/{service_account}", name)
     ensure(cluster.admin, f"{ADMISSION}/validatingadmissionpolicies", vap)
     ensure(cluster.admin, f"{ADMISSION}/validatingadmissionpolicybindings", binding)
+    await_admission(cluster, namespace, service_account, name)
+
+
+def await_admission(cluster: RealCluster, namespace: str, service_account: str, name: str) -> None:
+    """Poll until the admission policy ``name`` for ``namespace/service_account`` is enforced
+    (the probe of :func:`install_admission`)."""
     token, _ = bound_token(cluster, namespace, service_account, "node-a")
     direct = Api(cluster.url, cluster.ca_file, token=token)
     probe = node_slice("node-b")

@@ -1,6 +1,8 @@
 """Build the real tier's Go programs (kube-apiserver, etcd, the DRA driver, the protobuf
-differential decoder) once per source; and, only when asked, the optional ones (the benchmark's
-kube-rbac-proxy, a ``tool`` of the same module, so built against the same k8s.io modules).
+differential decoder, the kubelet's side of a DRA plugin, and the reference driver's kubelet
+plugin, dra-example-driver's own ``cmd/dra-example-kubeletplugin``) once per source; and, only
+when asked, the optional ones (the benchmark's kube-rbac-proxy). Programs of other modules are
+``tool`` lines of this module, so they build against the same k8s.io modules.
 
 The binaries go to a cache directory outside the checkout, named by a hash of this Go module's
 sources and the Go version, so a warm rebuild is a directory lookup and a changed source gets
@@ -22,11 +24,33 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["BINARIES", "MODULE", "OPTIONAL", "Binaries", "GoMissing", "build", "cache_root"]
+__all__ = [
+    "BINARIES",
+    "MODULE",
+    "OPTIONAL",
+    "UPSTREAM",
+    "Binaries",
+    "GoMissing",
+    "build",
+    "cache_root",
+]
 
 MODULE = Path(__file__).resolve().parent
 """The Go module (go.mod, go.sum and cmd/ checked in)."""
-BINARIES = ("kube-apiserver", "etcd", "dradriver", "protodiff", "helm")
+UPSTREAM = {
+    "dra-example-kubeletplugin": "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin",
+}
+"""Programs of other modules the tests need, built by package with the core, unchanged and
+without the kube-apiserver's version stamp (go.mod's ``tool`` lines pin their versions)."""
+BINARIES = (
+    "kube-apiserver",
+    "etcd",
+    "dradriver",
+    "protodiff",
+    "helm",
+    "kubeletdra",
+    *UPSTREAM,
+)
 OPTIONAL = {"kube-rbac-proxy": "github.com/brancz/kube-rbac-proxy/cmd/kube-rbac-proxy"}
 """Programs built only when asked for (``build(optional=...)``), by package: go.mod's ``tool``
 lines, so that they need no source here and the tests' build does not wait for them."""
@@ -120,6 +144,8 @@ def _build_core(go: str, root: Path, target: Path, log: TextIO) -> None:
         scratch = Path(tempfile.mkdtemp(prefix="build-", dir=root))
         try:
             _go_build(go, f"{scratch}/", "./cmd/...", _ldflags())
+            for package in UPSTREAM.values():
+                _go_build(go, f"{scratch}/", package, "")
             scratch.rename(target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

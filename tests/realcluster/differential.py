@@ -17,7 +17,9 @@ Answers are then normalized (``Normalizer``): uids and object resourceVersions b
 in order of first appearance (so "unchanged", "new" and "same as that one" are still compared),
 a list's or bookmark's resourceVersion becomes ``<list rv>`` (checked to be no older than the
 objects in it: the real apiserver's counter also moves for leases and other tests' writes),
-timestamps become ``<time>``, generated name suffixes ``<suffix>``, a Table's ``Age`` cell
+timestamps become ``<time>`` (managedFields entries, which the apiserver orders by their time to
+the second, are checked in that order and then compared in an order without it), generated name
+suffixes ``<suffix>``, a Table's ``Age`` cell
 ``<age>``, and the numbers of other writes inside messages ``<rv>``. Bookmarks other than the
 end of initial events are dropped (when one comes is timing). ``FOCUS`` narrows the two
 discovery documents that list every group to the groups both servers serve.
@@ -34,6 +36,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
@@ -363,11 +366,31 @@ class Normalizer:
                 out[k] = self._object_rv(v)
             elif k in _TIME_KEYS and isinstance(v, str):
                 out[k] = "<time>"
+            elif k == "managedFields" and key == "metadata" and isinstance(v, list):
+                out[k] = self._value(self._managed_fields(v), k)
             else:
                 out[k] = self._value(v, k)
         if value.get("kind") == "Table":
             out["rows"] = self._table_rows(out.get("rows"), value.get("columnDefinitions"))
         return out
+
+    def _managed_fields(self, entries: list[Any]) -> list[Any]:
+        """The entries in an order that does not depend on when each write was made.
+
+        The apiserver sorts them by operation, then by time to the second, manager, apiVersion
+        and subresource (``sortEncodedManagedFields``, k8s.io/apimachinery's managedfields): two
+        managers' writes fall in one second or in two as the machine's load has it, and come
+        out in either order. Each server's order is checked on its own times; the two are
+        compared in that order without the times."""
+        if not all(isinstance(entry, dict) for entry in entries):
+            return entries
+        timed = [_managed_order(entry, timed=True) for entry in entries]
+        if timed != sorted(timed):
+            self.problems.append(
+                f"call {self.call}: managedFields are not in the apiserver's order: "
+                + ", ".join(f"{e.get('manager')}/{e.get('operation')}" for e in entries)
+            )
+        return sorted(entries, key=lambda entry: _managed_order(entry, timed=False))
 
     def _list_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
         out = dict(meta)
@@ -394,6 +417,17 @@ class Normalizer:
             if isinstance(cells, list) and len(cells) > age:
                 cells[age] = "<age>"
         return rows
+
+
+def _managed_order(entry: dict[str, Any], *, timed: bool) -> tuple[Any, ...]:
+    """An entry's place among managedFields as the apiserver sorts them; without its time
+    (``timed`` False), its place among entries made in one second."""
+    when = entry.get("time")
+    seconds = 0
+    if timed and isinstance(when, str):
+        seconds = int(datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp())
+    fields = ("manager", "apiVersion", "subresource")
+    return (str(entry.get("operation", "")), seconds, *(str(entry.get(f, "")) for f in fields))
 
 
 # --- comparing -----------------------------------------------------------------------------------

@@ -13,10 +13,31 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CHART", "HELM_LABELS", "Helm", "generated_values", "without_helm_labels"]
+__all__ = [
+    "CHART",
+    "DRIVER_NAMESPACE_KIND",
+    "HELM_LABELS",
+    "Helm",
+    "generated_values",
+    "without_helm_labels",
+]
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "dra-gatekeeper"
 HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
+DRIVER_NAMESPACE_KIND = """\
+kinds:
+  - group: coordination.k8s.io
+    resource: leases
+    kind: Lease
+    scope: Namespaced
+    rule: DriverNamespace
+    verbs: [get, create, update]
+    encodings: [json, protobuf]
+    versions:
+      - names: [v1]
+"""
+"""A policy's end: a kind of rule DriverNamespace (its rights bound in each driver
+namespace, by publish-ca as the namespace appears)."""
 """The labels the chart adds to every object, and kustomize does not."""
 
 

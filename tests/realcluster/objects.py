@@ -113,7 +113,7 @@ def rbac_objects(policy: Path, drivers: tuple[str, ...]) -> dict[str, Any]:
     for driver in drivers:
         args += ["--driver", driver]
     printed = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    role = yaml.safe_load(printed)
+    role = next(yaml.safe_load_all(printed))  # then its ClusterRoleBinding, made below
     assert role["kind"] == "ClusterRole", printed
     return dict(role)
 

@@ -31,6 +31,7 @@ __all__ = [
     "in_cluster_env",
     "in_pod",
     "service_account_volume",
+    "terminate",
 ]
 
 
@@ -103,13 +104,8 @@ class GatekeeperProcess:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            terminate(self.process)
         remove_workdir(self.workdir)
 
     # --- how drivers reach it -------------------------------------------------------------------
@@ -180,6 +176,18 @@ class GatekeeperProcess:
             lambda: any(e["auditID"] == audit_id for e in self.audit_events()),
             timeout=10,
         )
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM, as a kubelet stops a container, and a wait for it to end (SIGKILL after
+    ``timeout`` seconds)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def assert_refusals_never_reached(

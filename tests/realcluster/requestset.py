@@ -178,8 +178,12 @@ def _claim_status(run: _Run, driver: str, device: str) -> None:
     if claim is not None:
         devices = claim.setdefault("status", {}).setdefault("devices", [])
         devices.append({"driver": driver, "pool": "node-a", "device": device, "data": {"n": 1}})
-        run.call(f"claim status update as {driver}", driver, "PUT", f"{path}/status", claim)
-    stored = run.call(f"claim status get as {driver}", driver, "GET", f"{path}/status")
+        claim = run.call(f"claim status update as {driver}", driver, "PUT", f"{path}/status", claim)
+    # At the version it wrote, not the newest: forwarded, not answered from the gatekeeper's
+    # read of the claim (so it needs the role's get of resourceclaims/status).
+    version = ((claim or {}).get("metadata") or {}).get("resourceVersion")
+    status = f"{path}/status" + (f"?resourceVersion={version}" if version else "")
+    stored = run.call(f"claim status get as {driver}", driver, "GET", status)
     entries = ((stored or {}).get("status") or {}).get("devices") or []
     index = next((i for i, e in enumerate(entries) if e.get("driver") == driver), 0)
     run.call(

@@ -23,12 +23,8 @@ from gatekeeper.cli.certs import create_ca
 from tests.realcluster.cluster import Api, ApiError, RealCluster, poll
 from tests.realcluster.conftest import DEFAULT_POLICY, SERVICE_ACCOUNTS
 from tests.realcluster.objects import bound_token, ensure
-from tests.realcluster.processes import (
-    GatekeeperProcess,
-    in_cluster_env,
-    in_pod,
-    service_account_volume,
-)
+from tests.realcluster.processes import GatekeeperProcess
+from tests.realcluster.signing import driver_in_pod, gpu_slices_on_node_a
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NAME = "dra-gatekeeper-ca"
@@ -115,28 +111,13 @@ def _command(kubeconfig: Path, ca_dir: Path, policy: Path, *extra: str) -> list[
     ]  # fmt: skip
 
 
-_DRIVER_IN_POD = """
-from kubernetes import client, config
-config.load_incluster_config()
-slices = client.ResourceV1Api().list_resource_slice(
-    field_selector="spec.driver=gpu.example.com,spec.nodeName=node-a")
-print(len(slices.items))
-"""
-
-
 def _driver_connects(
     cluster: RealCluster, gatekeeper: GatekeeperProcess, tmp_path: Path, name: str
 ) -> subprocess.CompletedProcess[str]:
     """The official client, in a pod whose service-account volume takes ``ca.crt`` from the
     published ConfigMap of gpu-system (what the token-driver example projects)."""
     stored = cluster.admin.get(f"/api/v1/namespaces/gpu-system/configmaps/{NAME}")
-    ca_file = tmp_path / f"{name}.crt"
-    ca_file.write_text(stored["data"]["ca.crt"])
-    token, _ = bound_token(cluster, "gpu-system", "gpu-driver", "node-a")
-    volume = service_account_volume(tmp_path / name, token, str(ca_file), "gpu-system")
-    env = {**in_cluster_env(gatekeeper), "PATH": "/usr/bin:/bin"}
-    command = [*in_pod(volume), sys.executable, "-c", _DRIVER_IN_POD]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    return driver_in_pod(cluster, gatekeeper, tmp_path / name, stored["data"]["ca.crt"].encode())
 
 
 def test_the_ca_follows_the_policy_and_a_rotation_and_drivers_connect_with_it(
@@ -161,7 +142,8 @@ def test_the_ca_follows_the_policy_and_a_rotation_and_drivers_connect_with_it(
         old = _fingerprints(serving)
         _all_publish(real_cluster, drivers, old)
         done = _driver_connects(real_cluster, real_gatekeeper, tmp_path, "first")
-        assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr
+        want = gpu_slices_on_node_a(real_cluster)
+        assert (done.returncode, done.stdout.strip()) == (0, want), done.stderr
 
         # A namespace that does not exist is named in the log; the others are served anyway.
         poll(

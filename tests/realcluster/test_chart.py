@@ -1,8 +1,10 @@
 """The Helm chart (deploy/helm/dra-gatekeeper), linted and rendered by Helm 4 built from Go
-modules: its defaults render exactly the objects ``kubectl kustomize deploy/`` builds; every
-value renders valid objects that ``serve`` accepts; values generated for a custom policy give
-that policy's ClusterRole, admission policy and APF objects; a `generated` that does not belong
-to this release's policy or ServiceAccount is refused, never rendered."""
+modules: lint-clean with and without ``-n``; its defaults render exactly the objects ``kubectl
+kustomize deploy/`` builds; every value renders valid objects that ``serve`` accepts; values
+generated for a custom policy give that policy's ClusterRole, admission policy and APF objects,
+in whatever namespace the release is; a `generated` that does not belong to this release's
+policy or ServiceAccount is refused, never rendered; no rendering puts a key on a worker node;
+a cert-manager issuer can sign instead of the signer."""
 
 from __future__ import annotations
 
@@ -17,7 +19,14 @@ import yaml
 from gatekeeper.cli.main import build_parser
 from gatekeeper.testing.harness import KUBECTL
 from tests.realcluster.build import Binaries
-from tests.realcluster.helm import CHART, Helm, generated_values, without_helm_labels
+from tests.realcluster.helm import (
+    CHART,
+    DRIVER_NAMESPACE_KIND,
+    Helm,
+    generated_values,
+    without_helm_labels,
+)
+from tests.test_deploy import assert_no_ca_key_on_workers
 
 ROOT = CHART.parents[2]
 K8S_VERSION = "1.32.0"
@@ -40,9 +49,23 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects}
 
 
-def test_the_chart_lints_strictly(helm: Helm) -> None:
-    done = helm.run("lint", str(CHART), "--strict", "--namespace", "kube-system")
+@pytest.mark.parametrize("namespace", [(), ("--namespace", "kube-system"), ("-n", "gpu-ops")],
+                         ids=["no-namespace", "kube-system", "another"])  # fmt: skip
+def test_the_chart_lints_strictly_in_any_namespace(helm: Helm, namespace: tuple[str, ...]) -> None:
+    done = helm.run("lint", str(CHART), "--strict", *namespace)
     assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+    assert "[ERROR]" not in done.stdout and "[WARNING]" not in done.stdout, done.stdout
+
+
+def test_the_generated_objects_are_the_releases_namespaces(helm: Helm) -> None:
+    """Made for no namespace in particular: each binds the release's own ServiceAccount."""
+    kinds = by_kind(helm.template(namespace="gpu-ops"))
+    assert kinds["ClusterRoleBinding"]["subjects"][0]["namespace"] in ("gpu-ops",)
+    condition = kinds["ValidatingAdmissionPolicy"]["spec"]["matchConditions"][0]["expression"]
+    assert "system:serviceaccount:gpu-ops:dra-gatekeeper" in condition
+    account = kinds["FlowSchema"]["spec"]["rules"][0]["subjects"][0]["serviceAccount"]
+    assert account == {"name": "dra-gatekeeper", "namespace": "gpu-ops"}
+    assert "release-namespace" not in yaml.safe_dump_all(list(kinds.values()))
 
 
 @pytest.mark.kubectl
@@ -145,8 +168,10 @@ def test_the_admission_policy_is_rendered_unless_disabled(helm: Helm) -> None:
 
 def test_an_inline_policy_is_served_from_the_configmap(helm: Helm, tmp_path: Path) -> None:
     values = generated_values(tmp_path, CUSTOM_POLICY, "kube-system/dra-gatekeeper")
-    kinds = by_kind(helm.template(values))
-    assert kinds["ConfigMap"]["data"] == {"policy.yaml": CUSTOM_POLICY}
+    objects = helm.template(values)
+    kinds = by_kind(objects)
+    (configmap,) = [o for o in objects if o["metadata"]["name"] == "dra-gatekeeper-policy"]
+    assert configmap["data"] == {"policy.yaml": CUSTOM_POLICY}
     assert kinds["DaemonSet"]["spec"]["template"]["spec"]["volumes"][0]["configMap"] == {
         "name": "dra-gatekeeper-policy"
     }
@@ -156,8 +181,8 @@ def test_an_inline_policy_is_served_from_the_configmap(helm: Helm, tmp_path: Pat
     ("case", "message"),
     [
         ("no generated objects", "`generated` is empty"),
-        ("another ServiceAccount", "made for the ServiceAccount kube-system/dra-gatekeeper, "
-                                   "this release runs other/dra-gatekeeper"),
+        ("another ServiceAccount", "made for the ServiceAccount dra-gatekeeper, "
+                                   "this release runs other"),
         ("another policy", "`policy` is not the policy `generated` was made from"),
     ],
 )  # fmt: skip
@@ -170,7 +195,7 @@ def test_generated_objects_of_another_release_are_refused(
     if case == "no generated objects":
         data["generated"]["objects"] = []
     elif case == "another ServiceAccount":
-        namespace = "other"
+        data["name"] = "other"
     else:
         data["policy"] = CUSTOM_POLICY.replace("nic.example.com]", "nic.example.com, '*']", 1)
     values.write_text(yaml.safe_dump(data))
@@ -189,3 +214,105 @@ def test_values_of_the_wrong_shape_are_refused_naming_them(helm: Helm) -> None:
     assert done.returncode != 0 and done.stdout == ""
     assert "'/listeners/token/port': got string, want integer" in done.stderr, done.stderr
     assert "additional properties 'levle' not allowed" in done.stderr
+
+
+def _workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] in ("DaemonSet", "Deployment")}
+
+
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+@pytest.mark.kubectl
+def test_no_rendering_puts_a_key_on_a_worker_node(helm: Helm, tmp_path: Path) -> None:
+    """Every volume of every workload, as kustomize builds deploy/ and as the chart renders its
+    defaults, its values for a custom policy, and with a cert-manager issuer: no Secret, CSI
+    volume or key path in the DaemonSet; the CA's Secret mounted by no pod."""
+    built = subprocess.run(
+        [str(KUBECTL), "kustomize", str(ROOT / "deploy")], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    assert_no_ca_key_on_workers([o for o in yaml.safe_load_all(built) if o])
+    values = generated_values(tmp_path, CUSTOM_POLICY, "gpu-system/dra-gatekeeper")
+    for sets in ((), ("certManager.enabled=true", "certManager.issuer.name=ca-issuer")):
+        assert_no_ca_key_on_workers(helm.template(sets=sets))
+        assert_no_ca_key_on_workers(helm.template(values, namespace="gpu-system", sets=sets))
+
+
+def test_a_cert_manager_issuer_signs_instead_and_the_signer_only_approves(helm: Helm) -> None:
+    """certManager.enabled: the gatekeepers ask cert-manager's signer name for the issuer; the
+    signer only approves or denies (by the same rules), holds no CA and may not sign; the
+    publisher hands out the issuer's CA certificate from the ConfigMap named."""
+    sets = ("certManager.enabled=true", "certManager.issuer.name=ca-issuer",
+            "certManager.caConfigMap=issuer-ca")  # fmt: skip
+    objects = helm.template(sets=sets)
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    workloads = _workloads(objects)
+    args = _container(workloads["dra-gatekeeper"])["args"]
+    assert "--token-cert-signer=clusterissuers.cert-manager.io/ca-issuer" in args
+    signer_args = _container(workloads["dra-gatekeeper-signer"])["args"]
+    assert "--approve-only" in signer_args
+    assert "--signer-name=clusterissuers.cert-manager.io/ca-issuer" in signer_args
+    assert not any(a.startswith("--ca-secret") for a in signer_args)
+    assert "Secret" not in by_kind(objects)
+    role = next(o for o in objects if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"] == "dra-gatekeeper-signer")  # fmt: skip
+    signers = next(r for r in role["rules"] if r["resources"] == ["signers"])
+    assert signers == {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
+                       "resourceNames": ["clusterissuers.cert-manager.io/ca-issuer"],
+                       "verbs": ["approve"]}  # fmt: skip
+    publisher = workloads["dra-gatekeeper-ca-publisher"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in publisher["volumes"]}
+    assert volumes["ca-certificates"]["configMap"] == {"name": "issuer-ca"}
+    # A namespaced Issuer: the gatekeeper may reference it, there only.
+    issuer = helm.template(sets=(*sets, "certManager.issuer.kind=Issuer",
+                                 "certManager.issuer.namespace=pki"))  # fmt: skip
+    args = _container(_workloads(issuer)["dra-gatekeeper"])["args"]
+    assert "--token-cert-signer=issuers.cert-manager.io/pki.ca-issuer" in args
+    reference = next(
+        o for o in issuer if o["kind"] == "Role" and o["metadata"]["namespace"] == "pki"
+    )
+    assert reference["rules"] == [
+        {
+            "apiGroups": ["cert-manager.io"],
+            "resources": ["signers"],
+            "resourceNames": ["ca-issuer"],
+            "verbs": ["reference"],
+        }
+    ]
+    done = helm.run("template", "x", str(CHART), "--set", "certManager.enabled=true", check=False)
+    assert (
+        done.returncode != 0 and "certManager.enabled needs certManager.issuer.name" in done.stderr
+    )
+
+
+def test_a_driver_namespace_policy_is_bound_by_the_publisher_as_namespaces_appear(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """A policy with DriverNamespace kinds: no RoleBinding rendered into a driver namespace
+    (it may not exist yet); publish-ca binds the generated ClusterRole there, allowed exactly
+    that (bind on it, RoleBindings of its name)."""
+    policy = CUSTOM_POLICY + DRIVER_NAMESPACE_KIND
+    values = generated_values(tmp_path, policy, "kube-system/dra-gatekeeper")
+    objects = helm.template(values)
+    namespaced_elsewhere = [
+        (o["kind"], o["metadata"]["namespace"]) for o in objects
+        if o["metadata"].get("namespace") not in (None, "kube-system")
+    ]  # fmt: skip
+    assert namespaced_elsewhere == []
+    args = _container(_workloads(objects)["dra-gatekeeper-ca-publisher"])["args"]
+    assert "--bind-role=dra-gatekeeper-driver-namespaces" in args
+    assert "--bind-service-account=kube-system/dra-gatekeeper" in args
+    role = next(o for o in objects if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"] == "dra-gatekeeper-ca-publisher")  # fmt: skip
+    assert {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["clusterroles"],
+        "resourceNames": ["dra-gatekeeper-driver-namespaces"],
+        "verbs": ["bind"],
+    } in role["rules"]
+    assert any(o["kind"] == "ClusterRole" and o["metadata"]["name"] ==
+               "dra-gatekeeper-driver-namespaces" for o in objects)  # fmt: skip

@@ -309,3 +309,28 @@ async def test_embedded_and_real_apiserver_answer_alike(real_cluster: RealCluste
     assert list(outcome.statuses) == list(SEQUENCE)
     assert {200, 201, 400, 404, 405, 409, 415, 422, 504} <= set(outcome.statuses.values())
     assert outcome.undone == [20, 21, 137, 138, 173]  # the known 422s, nothing else
+
+
+def _entry(manager: str, time: str, operation: str = "Update") -> dict[str, Any]:
+    return {"manager": manager, "operation": operation, "apiVersion": "v1", "time": time,
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}}  # fmt: skip
+
+
+def test_managed_fields_compare_whatever_second_each_write_fell_in() -> None:
+    """Two managers' writes one second apart on one server and in the same second on the
+    other: the apiserver orders them by time first, so the answers differ only by the clock;
+    an order no apiserver makes is still found."""
+    call = SEQUENCE[0]
+    apart = [_entry("b", "2026-12-07T10:00:01Z"), _entry("a", "2026-12-07T10:00:02Z")]
+    together = [_entry("a", "2026-12-07T10:00:05Z"), _entry("b", "2026-12-07T10:00:05Z")]
+    answers = []
+    for entries in (apart, together):
+        norm = Normalizer()
+        body = {"kind": "Node", "metadata": {"name": "n", "managedFields": entries}}
+        answers.append(norm.answer(call, Answer(200, "application/json", body)))
+        assert norm.problems == []
+    assert answers[0] == answers[1]
+    norm = Normalizer()
+    wrong = [_entry("b", "2026-12-07T10:00:05Z"), _entry("a", "2026-12-07T10:00:05Z")]
+    norm.answer(call, Answer(200, "application/json", {"metadata": {"managedFields": wrong}}))
+    assert norm.problems and "not in the apiserver's order" in norm.problems[0]

@@ -1,5 +1,6 @@
 """Which ``Accept`` headers a plain JSON object answers (a get is then answered from the object
-the gatekeeper read and checked: a second read could return another object)."""
+the gatekeeper read and checked: a second read could return another object). A client that
+prefers protobuf and takes JSON too (client-go's typed clients) is answered in JSON."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ CASES = [
     ("upper-case", "Application/JSON", True),
     ("kubectl-table", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json", False),
     ("partial-metadata", "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io", False),
-    ("protobuf-first", "application/vnd.kubernetes.protobuf,application/json", False),
+    ("client-go-typed", "application/vnd.kubernetes.protobuf,application/json", True),
+    ("cbor-first", "application/cbor, application/json", True),
+    ("protobuf-only", "application/vnd.kubernetes.protobuf", False),
+    (
+        "protobuf-table",
+        "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io,application/json",
+        False,
+    ),
     ("yaml", "application/yaml", False),
     ("stream-watch", "application/json;stream=watch", False),
 ]

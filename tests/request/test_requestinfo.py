@@ -11,6 +11,7 @@ import pytest
 from gatekeeper.errors import Refusal
 from gatekeeper.request import requestinfo
 from gatekeeper.request.requestinfo import ALLOWED_QUERY_PARAMETERS, RequestInfo, parse_request
+from gatekeeper.rule import Rule
 from tests.paths import REPO
 
 RS = "/apis/resource.k8s.io/v1"
@@ -279,6 +280,41 @@ def test_refused(method: str, target: str, reason: str) -> None:
     assert caught.value.message and caught.value.message != reason
 
 
+UNROUTED = [
+    ("put-collection", "PUT", SL),
+    ("patch-collection", "PATCH", f"{SL}?fieldManager=x"),
+    ("put-namespaced-collection", "PUT", f"{RS}/namespaces/default/resourceclaims"),
+    ("patch-namespaces", "PATCH", "/api/v1/namespaces"),
+    ("post-named", "POST", f"{SL}/s1"),
+    ("post-named-namespaced", "POST", f"{RS}/namespaces/default/resourceclaims/c1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "target"), [c[1:] for c in UNROUTED], ids=[c[0] for c in UNROUTED]
+)
+def test_a_request_the_apiserver_routes_nowhere_is_405(method: str, target: str) -> None:
+    """The gatekeeper cannot classify it as one of its verbs: refused with the apiserver's own
+    Status (recording 199), never forwarded to ask what the apiserver makes of it."""
+    with pytest.raises(Refusal) as caught:
+        parse_request(method, target)
+    refusal = caught.value
+    assert (refusal.code, refusal.rule) == (405, Rule.METHOD_NOT_ALLOWED)
+    assert refusal.message == "the server does not allow this method on the requested resource"
+
+
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [("POST", f"{RS}/namespaces/default/pods/p/eviction"), ("PUT", f"{SL}/s1"),
+     ("PATCH", f"{RS}/namespaces/default/resourceclaims/c1/status"),
+     ("PUT", "/api/v1/namespaces/ns/status"), ("DELETE", SL)],
+    ids=["post-subresource", "put-named", "patch-status", "put-namespace-status",
+         "deletecollection"],
+)  # fmt: skip
+def test_writes_the_apiserver_routes_are_classified(method: str, target: str) -> None:
+    assert parse_request(method, target).verb in ("create", "update", "patch", "deletecollection")
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [
@@ -393,7 +429,12 @@ def test_allowed_query_parameters() -> None:
 
 
 def test_exports() -> None:
-    assert requestinfo.__all__ == ["ALLOWED_QUERY_PARAMETERS", "RequestInfo", "parse_request"]
+    assert requestinfo.__all__ == [
+        "ALLOWED_QUERY_PARAMETERS",
+        "METHOD_NOT_ALLOWED",
+        "RequestInfo",
+        "parse_request",
+    ]
 
 
 _FUZZ_PIECES = [

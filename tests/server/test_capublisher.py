@@ -1,9 +1,11 @@
 """The CA bundle ``publish-ca`` publishes, and every bad input refused before anything is written
-(exit 2, one line naming the flag or file). Its reconciling is tested on the real tier
-(tests/realcluster/test_ca_publish.py): ConfigMaps are not a kind of the embedded API server."""
+(exit 2, one line naming the flag or file); the RoleBinding it keeps in each driver namespace
+(--bind-role), on the embedded API server serving ConfigMaps and RoleBindings. Its reconciling
+of a rotation is tested on the real tier (tests/realcluster/test_ca_publish.py)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,13 @@ import pytest
 import yaml
 from cryptography import x509
 
+from gatekeeper.apiserver import APIServer, ServedKind
 from gatekeeper.cli.certs import create_ca, issue_server_cert
 from gatekeeper.cli.publishca import run_publish_ca_command
 from gatekeeper.errors import ConfigError
-from gatekeeper.server.capublisher import read_bundle
+from gatekeeper.server.capublisher import PublishConfig, Publisher, read_bundle
+from gatekeeper.testing.harness import NODE_TOKEN
+from gatekeeper.upstream.kubeconfig import UpstreamConfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CA = create_ca()
@@ -125,9 +130,11 @@ def test_the_shipped_deployment_mounts_certificates_only() -> None:
     spec = _shipped()["spec"]
     assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
     volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
-    secret = volumes["ca-certificates"]["secret"]
-    assert secret["secretName"] == "dra-gatekeeper-serving-ca"
-    assert [item["key"] for item in secret["items"]] == ["ca.crt", "trust.crt"]
+    # The signer's certificates' ConfigMap: no Secret at all, so no key can be in it.
+    assert volumes["ca-certificates"] == {
+        "name": "ca-certificates",
+        "configMap": {"name": "dra-gatekeeper-ca-certificates"},
+    }
 
 
 def test_the_shipped_args_run_and_an_unreachable_apiserver_is_exit_1(
@@ -151,3 +158,82 @@ def test_the_shipped_args_run_and_an_unreachable_apiserver_is_exit_1(
     code = run_publish_ca_command([*args[1:], "--kubeconfig", str(kubeconfig), "--once"])
     assert code == 1
     assert "ca configmap failed namespace=dra-example-driver" in caplog.text
+
+
+RBAC = ServedKind("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", True, ("v1",))
+CONFIGMAPS = ServedKind("", "configmaps", "ConfigMap", True, ("v1",))
+BINDINGS = "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/gk-driver-namespaces"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[APIServer]:
+    server = APIServer((CONFIGMAPS, RBAC), token=NODE_TOKEN)
+    await server.start()
+    yield server
+    await server.close()
+
+
+async def test_the_gatekeepers_rolebinding_is_made_in_each_namespace_and_put_back(
+    api: APIServer, tmp_path: Path
+) -> None:
+    """--bind-role: in every namespace the policy maps a ServiceAccount to, a RoleBinding of
+    the DriverNamespace ClusterRole to the gatekeeper, made when missing, put back when its
+    subjects were edited; one naming another role is left alone and reported."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((DEPLOY.parent / "tests/policy/rules/rules.yaml").read_text())
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "ca" / "ca.crt").write_bytes(CA.cert_pem)
+    publisher = Publisher(
+        PublishConfig(
+            upstream=UpstreamConfig(server=api.url, token=NODE_TOKEN),
+            policy=str(policy),
+            ca_dir=tmp_path / "ca",
+            configmap="dra-gatekeeper-ca",
+            resync_seconds=60,
+            bind_role="gk-driver-namespaces",
+            bind_subject=("ops", "gk"),
+        )
+    )
+    assert await publisher.once()
+    for namespace in ("fpga-system", "gpu-system"):
+        binding = api.get("rbac.authorization.k8s.io", "rolebindings", "gk-driver-namespaces",
+                          namespace=namespace)  # fmt: skip
+        assert binding is not None
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gk-driver-namespaces",
+        }
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gk",
+                                        "namespace": "ops"}]  # fmt: skip
+    edited = api.get("rbac.authorization.k8s.io", "rolebindings", "gk-driver-namespaces",
+                     namespace="gpu-system")  # fmt: skip
+    assert edited is not None
+    api.store.delete(("rbac.authorization.k8s.io", "rolebindings"),
+                     ("gpu-system", "gk-driver-namespaces"))  # fmt: skip
+    edited["subjects"] = [{"kind": "ServiceAccount", "name": "intruder", "namespace": "ops"}]
+    del edited["metadata"]["resourceVersion"], edited["metadata"]["uid"]
+    api.add({**edited, "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding"})
+    other = dict(edited, roleRef={**edited["roleRef"], "name": "cluster-admin"})
+    other["metadata"] = {**edited["metadata"], "namespace": "fpga-system"}
+    api.store.delete(("rbac.authorization.k8s.io", "rolebindings"),
+                     ("fpga-system", "gk-driver-namespaces"))  # fmt: skip
+    api.add({**other, "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding"})
+    assert not await publisher.once()  # fpga-system's names another role: not current
+    put_back = api.get("rbac.authorization.k8s.io", "rolebindings", "gk-driver-namespaces",
+                       namespace="gpu-system")  # fmt: skip
+    assert put_back is not None and put_back["subjects"][0]["name"] == "gk"
+    left = api.get("rbac.authorization.k8s.io", "rolebindings", "gk-driver-namespaces",
+                   namespace="fpga-system")  # fmt: skip
+    assert left is not None and left["roleRef"]["name"] == "cluster-admin"
+
+
+def test_bind_role_needs_its_service_account(
+    tmp_path: Path, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ca.crt").write_bytes(CA.cert_pem)
+    base = ["--kubeconfig", str(kubeconfig), "--ca-dir", str(tmp_path)]
+    assert run_publish_ca_command([*base, "--bind-role", "gk-driver-namespaces"]) == 2
+    assert "--bind-role needs --bind-service-account NAMESPACE/NAME" in capsys.readouterr().err
+    assert run_publish_ca_command([*base, "--bind-service-account", "ops/gk"]) == 2
+    assert "--bind-service-account needs --bind-role" in capsys.readouterr().err

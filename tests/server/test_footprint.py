@@ -23,6 +23,10 @@ NOT_FOR_SERVE = (
     "gatekeeper.testing",
     "gatekeeper.cli.demo",
     "gatekeeper.cli.certs",
+    "gatekeeper.signer",
+    # X.509 (8 MB): only a serve that requests its certificate (--token-cert-signer) loads it.
+    "gatekeeper.codec.pki",
+    "cryptography",
     # jsonschema is serve's too: it validates the policy file when serve loads it.
     "hypothesis",
     "pytest",

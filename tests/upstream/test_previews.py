@@ -10,9 +10,9 @@ import pytest
 
 from gatekeeper.apiserver import APIServer
 from gatekeeper.policy import Engine, Policy
-from gatekeeper.policy.conversation import preview_of
 from gatekeeper.policy.patching import STRATEGIC_MERGE
 from gatekeeper.policy.plan import Plan, Preview
+from gatekeeper.policy.stored import Stored, predict
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import GPU, NODE, NODE_TOKEN, SLICES, seed
 from gatekeeper.types import Identity
@@ -33,9 +33,9 @@ def planned_preview(policy: Policy, patch: dict[str, Any], current: dict[str, An
     info = parse_request("PATCH", f"{SLICES}/node-a-gpu-0")
     plan = Engine(policy, NODE).plan(Identity(GPU, "unix"), info, STRATEGIC_MERGE)
     assert isinstance(plan, Plan)
-    preview = preview_of(plan, patch, current)
-    assert preview is not None
-    return preview
+    predicted = predict(plan, patch, current)
+    assert isinstance(predicted, Stored) and predicted.preview is not None
+    return predicted.preview
 
 
 async def test_the_preview_is_the_result_and_changes_nothing(

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 
 from gatekeeper.audit.tools.check import check_records, format_report
-from gatekeeper.audit.tools.generate import generate_policy
+from gatekeeper.audit.tools.generate import Examples, generate_policy, generate_tests
 from gatekeeper.audit.tools.reader import (
     ReadStats,
     Record,
@@ -30,11 +31,13 @@ from gatekeeper.errors import ConfigError
 from gatekeeper.policyfile import load_policy, parse_policy
 from gatekeeper.usage import UsageParser
 
-__all__ = ["EXIT_EMPTY", "run_audit_command"]
+__all__ = ["EXIT_EMPTY", "TEST_FILE_SUFFIX", "run_audit_command"]
 
 _PROG = "dra-gatekeeper audit"
 EXIT_EMPTY = 3
 """``check`` re-decided nothing: a gate that checked nothing must not pass."""
+TEST_FILE_SUFFIX = "_test.yaml"
+"""How ``dra-gatekeeper test`` finds test files (``policytest.TEST_FILE_SUFFIX``, a layer above)."""
 
 
 class _Parser(UsageParser):
@@ -92,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--base", help="policy with the field paths of known kinds")
     generate.add_argument("--node-name", help="node of requests whose user names none")
     generate.add_argument("-o", "--output", default="-", help="write the policy here (default -)")
+    generate.add_argument(
+        "--tests",
+        metavar="FILE",
+        help="write the policy's tests here (default: beside -o FILE as <name>_test.yaml; "
+        "none when the policy goes to stdout)",
+    )
     generate.add_argument(
         "logs", nargs="+", metavar="LOG", help="audit log (gatekeeper or kube-apiserver), .gz, -"
     )
@@ -187,11 +196,14 @@ def _check(ns: argparse.Namespace, users: dict[str, str]) -> int:
 def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:
     base = load_policy(ns.base)
     source = ", ".join(ns.logs)
+    tests = _tests_path(ns.output, ns.tests)
     stats = ReadStats()
-    text = generate_policy(_records(ns.logs, users, ns.node_name, stats), base, source=source)
+    examples = Examples()
+    records = examples.tap(_records(ns.logs, users, ns.node_name, stats))
+    text = generate_policy(records, base, source=source)
     _audit_log_or_fail(source, stats)
     try:
-        parse_policy(text, "the generated policy")
+        policy = parse_policy(text, "the generated policy")
     except ConfigError as exc:
         # Never write a policy that does not load: serve would refuse it at start.
         print(
@@ -200,12 +212,39 @@ def _generate(ns: argparse.Namespace, users: dict[str, str]) -> int:
             file=sys.stderr,
         )
         return EXIT_EMPTY
-    if ns.output == "-":
+    _write(ns.output, text)
+    if tests is not None:
+        policy_ref = os.path.relpath(ns.output, os.path.dirname(os.path.abspath(tests)) or ".")
+        cases = generate_tests(examples, policy, policy_ref=policy_ref, source=source)
+        if cases:
+            _write(tests, cases)
+        else:
+            print(
+                f"{_PROG} generate: no tests written to {tests}: the log holds no allowed "
+                "request with what a case needs (bodies, stored objects)",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def _tests_path(output: str, tests: str | None) -> str | None:
+    """Where the policy's tests go: ``--tests``, else beside a policy file (``<name>_test.yaml``,
+    as ``dra-gatekeeper test`` finds them); ConfigError for tests of a policy on stdout."""
+    if output == "-":
+        if tests is not None:
+            raise ConfigError("--tests needs -o FILE: the test file names the policy file")
+        return None
+    if tests is not None:
+        return str(tests)
+    return os.path.splitext(output)[0] + TEST_FILE_SUFFIX
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
         sys.stdout.write(text)
-        return 0
+        return
     try:
-        with open(ns.output, "w", encoding="utf-8") as handle:
+        with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
     except OSError as exc:
-        raise ConfigError(f"{ns.output}: cannot write: {exc.strerror}") from exc
-    return 0
+        raise ConfigError(f"{path}: cannot write: {exc.strerror}") from exc

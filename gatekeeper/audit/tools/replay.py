@@ -76,6 +76,8 @@ class Inputs:
     basis: str
 
 
+# Writes whose answer is what the apiserver stored (a dry run of one is answered alike).
+_PREDICTED = frozenset({"patch", "create", "update"})
 # Answers that are not the stored object: a Status, or a form of it asked for with ``Accept``.
 _NOT_OBJECTS = (None, "Status", "Table", "PartialObjectMetadata", "PartialObjectMetadataList")
 
@@ -114,7 +116,8 @@ class ObjectMemory:
                 current = _aligned(current, body)
             basis = worst(basis, known)
         proposed = None
-        if info.verb == "patch" and record.code < 300 and _is_object(record.response_object):
+        if info.verb in _PREDICTED and record.code < 300 and _is_object(record.response_object):
+            # What the apiserver stored: the answer a dry run of the write would have had.
             proposed = record.response_object
         return Inputs(body, current, media_type, proposed, basis)
 
@@ -206,9 +209,14 @@ def _object_path(info: RequestInfo) -> str:
 
 def _aligned(current: KubeObject, body: Any) -> KubeObject:
     """``current`` with the resourceVersion/uid the request named: the log cannot show a
-    concurrent change, so the replay does not invent a conflict."""
+    concurrent change, so the replay does not invent a conflict. Likewise the managedFields an
+    update restates, when ``current`` (rebuilt from a request body) shows none."""
     asked = _asked_preconditions(body)
     meta = current.get("metadata", {})
+    restated = body.get("metadata") if isinstance(body, Mapping) else None
+    managed = restated.get("managedFields") if isinstance(restated, Mapping) else None
+    if isinstance(managed, list) and isinstance(meta, Mapping) and "managedFields" not in meta:
+        asked["managedFields"] = managed
     if all(meta.get(key) == value for key, value in asked.items()):
         return current
     aligned = copy.deepcopy(current)
@@ -216,8 +224,8 @@ def _aligned(current: KubeObject, body: Any) -> KubeObject:
     return aligned
 
 
-def _asked_preconditions(body: Any) -> dict[str, str]:
-    asked: dict[str, str] = {}
+def _asked_preconditions(body: Any) -> dict[str, Any]:
+    asked: dict[str, Any] = {}
     if isinstance(body, list):
         for op in body:
             if (

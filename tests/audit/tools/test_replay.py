@@ -57,6 +57,9 @@ def test_the_stored_object_follows_the_log() -> None:
     created = inputs(memory, "create", SLICES, code=201, request_object=slice_body(NAME),
                      response_object=stored("5"))  # fmt: skip
     assert (created.current, created.basis) == (None, "full")
+    # What the apiserver stored answers a dry run of the body (one holding a null is decided
+    # on such a dry run).
+    assert created.proposed == stored("5")
     update = slice_body(NAME)
     updated = inputs(memory, "update", OBJECT, request_object=update)
     assert updated.basis == "full" and updated.current == stored("5")

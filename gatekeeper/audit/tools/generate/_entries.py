@@ -3,6 +3,7 @@ logged requests need; what a reviewer must check goes to the header's notes."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from gatekeeper.audit.tools.generate._rules import Facts
 from gatekeeper.policy import KindRule, KindSpec, ListSelectorMode, Scope
 from gatekeeper.policy.model import BUILT_IN_GROUPS, ENCODINGS, STRICT_POOL_SEPARATORS
 
-__all__ = ["Notes", "entry_doc"]
+__all__ = ["Notes", "entry_doc", "note_lines"]
 
 _OWN = (KindRule.OWN_NODE, KindRule.OWN_POD)
 _WRITES = frozenset({"update", "patch"})
@@ -35,6 +36,19 @@ class Notes:
     review: list[str] = field(default_factory=list)
     credentials: list[str] = field(default_factory=list)
     """Entries forwarded under the driver's own token (one note names them all)."""
+
+
+def note_lines(label: str, note: str) -> list[str]:
+    """``note`` as header comment lines of a generated file: ``# <label>: …`` folded at 100
+    columns, never inside a word or a path."""
+    return textwrap.wrap(
+        note,
+        width=100,
+        initial_indent=f"# {label}: ",
+        subsequent_indent="#   ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,17 @@ from gatekeeper.request.encoded import encoding_name
 from gatekeeper.request.requestinfo import RequestInfo, parse_request
 from gatekeeper.types import POD_NAME_EXTRA, KubeObject
 
-__all__ = ["Caller", "Observation", "Observed", "Owned", "Traffic", "is_kind_object", "observe"]
+__all__ = [
+    "Caller",
+    "Observation",
+    "Observed",
+    "Owned",
+    "Traffic",
+    "is_kind_object",
+    "object_path",
+    "observe",
+    "remember",
+]
 
 Owned = list[tuple[KubeObject, str, str]]
 """Logged objects, each with the driver and node of the request that carried it."""
@@ -139,7 +149,7 @@ def observe(records: Iterable[Record], base: Policy) -> Observation:
             own = own_kinds[key] = _may_be_own(key, base)
         _count(traffic, _observed(record, info, caller, stored if own else None))
         if own:
-            _remember(stored, record, info)
+            remember(stored, record, info)
     for key, traffic in seen.traffic.items():
         _kind_of(traffic, base.kind_for(*key), _CORE_KINDS.get(key))
     return seen
@@ -212,7 +222,7 @@ def _observed(
     answer = record.response_object if is_kind_object(record.response_object) else None
     changes: frozenset[Change] | None = frozenset()
     if stored is not None and info.verb in _WRITES:
-        before = stored.get(_object_path(info))
+        before = stored.get(object_path(info))
         changed = changes_of(info.verb, record.request_object, before)
         changes = None if changed is None else frozenset(changed)
     selector = _selector(info)
@@ -265,15 +275,15 @@ def _forwarded_selector(record: Record, info: RequestInfo) -> frozenset[tuple[st
         return None
 
 
-def _object_path(info: RequestInfo) -> str:
+def object_path(info: RequestInfo) -> str:
     return info.path[: -(len(info.subresource) + 1)] if info.subresource else info.path
 
 
-def _remember(stored: dict[str, KubeObject], record: Record, info: RequestInfo) -> None:
+def remember(stored: dict[str, KubeObject], record: Record, info: RequestInfo) -> None:
     """The stored object after a request that succeeded, as far as the log shows it."""
     if record.code >= 300:
         return
-    path = _object_path(info)
+    path = object_path(info)
     if info.verb == "delete":
         stored.pop(path, None)
         return

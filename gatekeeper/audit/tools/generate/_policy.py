@@ -11,20 +11,19 @@ and last the driver's own credentials.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
-from gatekeeper.audit.tools.generate._entries import Notes, entry_doc
+from gatekeeper.audit.tools.generate._entries import Notes, entry_doc, note_lines
 from gatekeeper.audit.tools.generate._observe import Observation, Traffic, observe
 from gatekeeper.audit.tools.generate._rules import Facts, assign
 from gatekeeper.audit.tools.reader import Record
 from gatekeeper.policy import KindRule, KindSpec, Policy
 from gatekeeper.policyfile import API_VERSION
 
-__all__ = ["generate_policy"]
+__all__ = ["Dumper", "generate_policy"]
 
 _SA_PREFIX = "system:serviceaccount:"
 _CREDENTIALS = (
@@ -48,11 +47,11 @@ def generate_policy(records: Iterable[Record], base: Policy, *, source: str = ""
     if accounts := _accounts(seen, base):
         doc["serviceAccounts"] = accounts
     doc["kinds"] = kinds
-    body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
+    body = yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=100)
     return _header(source, notes, bool(kinds)) + body
 
 
-class _Dumper(yaml.SafeDumper):
+class Dumper(yaml.SafeDumper):
     """Mappings in block style, lists of plain values in flow style (``verbs: [get, list]``), a
     long one-line string (a CEL expression) folded over lines, none of it changing a value."""
 
@@ -73,9 +72,9 @@ def _string(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=">" if fold else None)
 
 
-_Dumper.add_representer(dict, _mapping)
-_Dumper.add_representer(list, _sequence)
-_Dumper.add_representer(str, _string)
+Dumper.add_representer(dict, _mapping)
+Dumper.add_representer(list, _sequence)
+Dumper.add_representer(str, _string)
 
 
 def _kind_entries(traffic: Traffic, base: KindSpec | None, notes: Notes) -> list[dict[str, Any]]:
@@ -135,14 +134,7 @@ def _header(source: str, notes: Notes, loads: bool) -> str:
     if notes.credentials:
         reviews.append(_CREDENTIALS.format(kinds=", ".join(notes.credentials)))
     for note in reviews:
-        lines += textwrap.wrap(
-            note,
-            width=100,
-            initial_indent="# REVIEW: ",
-            subsequent_indent="#   ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
+        lines += note_lines("REVIEW", note)
     if not loads:
         lines.append("# No resource traffic could be expressed: this policy does not load.")
     return "\n".join(lines) + "\n"

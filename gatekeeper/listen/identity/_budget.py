@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gatekeeper.limits import DEFAULT_LIMITS, Limits
-from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
+from gatekeeper.listen.identity._failures import TokenFailure, TokenRefusal
 
 __all__ = [
     "KNOWN_FOR",

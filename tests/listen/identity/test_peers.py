@@ -16,10 +16,15 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import Refusal
-from gatekeeper.listen.identity import NODE_NAME_EXTRA, Identity, identify
+from gatekeeper.listen.identity import (
+    NODE_NAME_EXTRA,
+    Identity,
+    identify,
+    shown_token,
+    token_identity,
+)
 from gatekeeper.policy.model import UnboundTokens
 from gatekeeper.policyfile import load_policy
-from gatekeeper.proxy.tokens import bearer_token, token_identity
 from gatekeeper.server.config import server_ssl_context
 from gatekeeper.testing.harness import GPU, PKI
 from gatekeeper.upstream.tokenreview import ReviewOutcome
@@ -227,8 +232,8 @@ def test_unbound_tokens_only_where_the_policy_allows_them() -> None:
 @pytest.mark.parametrize(
     "header", ["", "Basic abc", "Bearer", "Bearer ", "bearer a b", "Token abc"]
 )
-def test_the_token_listener_needs_a_bearer_token(header: str) -> None:
+def test_the_token_listener_needs_a_shown_token(header: str) -> None:
     with pytest.raises(Refusal) as refused:
-        bearer_token({"Authorization": header} if header else {})
+        shown_token({"Authorization": header} if header else {})
     assert refused.value.code == 401 and "Bearer" in refused.value.message
-    assert bearer_token({"Authorization": "Bearer abc.def"}) == "abc.def"
+    assert shown_token({"Authorization": "Bearer abc.def"}) == "abc.def"

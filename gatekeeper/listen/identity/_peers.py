@@ -1,9 +1,5 @@
-"""Who is calling: the driver behind a Unix socket directory or an mTLS client certificate,
-known once per connection, when it is made (the token listener's callers show themselves per
-request: :mod:`gatekeeper.proxy.tokens`).
-
-The :class:`~gatekeeper.types.Identity` value itself lives in :mod:`gatekeeper.types` (no I/O);
-it is re-exported here.
+"""The driver behind a Unix socket directory or an mTLS client certificate, known once per
+connection, when it is made (the token listener's callers show themselves per request).
 """
 
 from __future__ import annotations
@@ -15,15 +11,9 @@ from typing import Any
 
 from gatekeeper.errors import Refusal
 from gatekeeper.listenerkind import ListenerKind
-from gatekeeper.types import DRIVERS_GROUP, NODE_NAME_EXTRA, Identity
+from gatekeeper.types import Identity
 
-__all__ = [
-    "DRIVERS_GROUP",
-    "NODE_NAME_EXTRA",
-    "Identity",
-    "client_cert_common_name",
-    "identify",
-]
+__all__ = ["client_cert_common_name", "identify"]
 
 
 def identify(transport: Any, socket_drivers: Mapping[str, str]) -> Identity:

@@ -1,8 +1,6 @@
-"""The token listener's callers: a driver's own service-account token, reviewed per request
-(DESIGN §4.2); the review is cached and budgeted (:mod:`gatekeeper.upstream.tokenreview`).
+"""The token listener's callers: the driver a reviewed service-account token is (DESIGN §4.2).
 
-Every way a request there fails to be a driver's is a
-:class:`~gatekeeper.upstream.tokenfailures.TokenFailure` (re-exported here), carried by the
+Every way a request there fails to be a driver's is a :class:`TokenFailure`, carried by the
 :class:`TokenRefusal` that answers it.
 """
 
@@ -10,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gatekeeper.listen.identity._failures import TokenFailure, TokenRefusal
 from gatekeeper.listenerkind import ListenerKind
 from gatekeeper.policy.model import Policy, UnboundTokens
+from gatekeeper.request.headers import bearer_token
 from gatekeeper.types import NODE_NAME_EXTRA, Identity, UserInfo
-from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
 from gatekeeper.upstream.tokenreview import ReviewOutcome
 
-__all__ = ["TokenFailure", "TokenRefusal", "bearer_token", "token_driver", "token_identity"]
+__all__ = ["shown_token", "token_driver", "token_identity"]
 
 
 _SA_PREFIX = "system:serviceaccount:"
@@ -30,12 +29,10 @@ _TOKEN_FACTS = {
 }
 
 
-def bearer_token(headers: Mapping[str, str]) -> str:
+def shown_token(headers: Mapping[str, str]) -> str:
     """The token of ``Authorization: Bearer <token>``; 401 without one."""
-    value = headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or " " in token:
+    token = bearer_token(headers)
+    if token is None:
         raise TokenRefusal(
             TokenFailure.NO_BEARER,
             401,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from gatekeeper.limits import Limits
-from gatekeeper.upstream.reviewbudget import (
+from gatekeeper.listen.identity import (
     MAX_SOURCES,
     ReviewBudget,
     ReviewCaller,
+    TokenFailure,
+    TokenRefusal,
     source_key,
 )
-from gatekeeper.upstream.tokenfailures import TokenFailure, TokenRefusal
 
 GPU, NIC = "gpu.example.com", "nic.example.com"
 # Buckets hold max(2, rate): here per connection 2, per source 4, process 8, per driver 2.
