@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gatekeeper.messages import capped
 from gatekeeper.rule import Rule
 
 __all__ = ["ConfigError", "Refusal", "UpstreamError"]
@@ -37,11 +38,13 @@ class Refusal(Exception):
         retry_after: int | None = None,
         details: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(message or reason)
+        # Both reach the Status and the audit event: capped, whatever a body made them say.
+        reason, message = capped(reason), capped(message or reason)
+        super().__init__(message)
         self.rule = rule if rule is not None else Rule.for_code(code)
         self.code = code
         self.reason = reason
-        self.message = message or reason
+        self.message = message
         self.retry_after = retry_after
         self.details: dict[str, str] = dict(details or {})
 

@@ -194,6 +194,9 @@ ROWS: dict[str, list[Case] | Elsewhere] = {
     "403 `<kind> <version> <validation>: <its message>`": [
         Case(_request("POST", SLICE, body=_slice(devices=[{"name": "a"}, {"name": "b"}])))
     ],
+    "403 `CEL cost: the CEL of this request may cost up to … over the budget": Elsewhere(
+        "tests/policy/test_cel_cost.py", "needs a policy whose CEL loops over a body's list"
+    ),
     "403 `a write may change only … (policy mayChange)`": [
         Case(
             _request("PATCH", "/api/v1/nodes/node-a", body={"metadata": {"labels": {"x": "y"}}}),

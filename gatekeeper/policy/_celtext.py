@@ -1,50 +1,17 @@
-"""CEL as text, for the admission-policy export: reading and renaming references outside string
-literals, and the comparison of two objects but for what ``mayChange`` allows."""
+"""CEL as text, for the admission-policy export: the comparison of two objects but for what
+``mayChange`` allows."""
 
 from __future__ import annotations
 
 import json
-import re
 
 from gatekeeper.codec.jsonpath import FieldPath
 from gatekeeper.policy.changes import MAINTAINED
 from gatekeeper.policy.model import Changeable
 
-__all__ = ["reads", "rename", "unchanged_but"]
+__all__ = ["unchanged_but"]
 
-_STRING = re.compile(
-    r"""[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")""", re.S
-)
 _MAINTAINED = tuple(path[1] for path in sorted(MAINTAINED))
-
-
-def _code_spans(source: str) -> list[tuple[int, int, bool]]:
-    """The source cut into (start, end, is_code) spans: string literals are never rewritten."""
-    spans: list[tuple[int, int, bool]] = []
-    at = 0
-    for match in _STRING.finditer(source):
-        spans.append((at, match.start(), True))
-        spans.append((match.start(), match.end(), False))
-        at = match.end()
-    spans.append((at, len(source), True))
-    return spans
-
-
-def _reference(name: str) -> re.Pattern[str]:
-    return re.compile(r"(?<![\w.])" + re.escape(name).replace(r"\.", r"\s*\.\s*") + r"(?!\w)")
-
-
-def reads(source: str, name: str) -> bool:
-    pattern = _reference(name)
-    return any(code and pattern.search(source[a:b]) for a, b, code in _code_spans(source))
-
-
-def rename(source: str, name: str, replacement: str) -> str:
-    pattern = _reference(name)
-    return "".join(
-        pattern.sub(lambda _: replacement, source[a:b]) if code else source[a:b]
-        for a, b, code in _code_spans(source)
-    )
 
 
 def unchanged_but(allowed: tuple[Changeable, ...]) -> str:

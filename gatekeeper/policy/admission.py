@@ -78,7 +78,8 @@ class CelContext:
 
     def holds_scope(self, cel: CelRules, obj: Any, verb: str) -> bool:
         """Rule CEL's scope on one object read (``request.operation`` is the verb, upper case)."""
-        return in_scope(cel, obj, self.request(verb.upper(), None), self._builtins)
+        request = self.request(verb.upper(), None) if cel.reads_request else {}
+        return in_scope(cel, obj, request, self._builtins)
 
     def refusal(
         self, cel: CelRules, operation: str, obj: KubeObject | None, old: KubeObject | None, *,
@@ -88,7 +89,9 @@ class CelContext:
         first validation (or scope) that does not hold, or of one that cannot be evaluated."""
         if not cel:
             return None
-        request = self.request(operation, obj if obj is not None else old)
+        request = (
+            self.request(operation, obj if obj is not None else old) if cel.reads_request else {}
+        )
         outcome = run_validations(cel, obj, old, request, self._builtins, scoped=scoped)
         if outcome is None:
             return None

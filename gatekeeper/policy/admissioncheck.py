@@ -14,6 +14,7 @@ from gatekeeper.policy.cel import (
     EvaluationError,
     Program,
     activation,
+    bindings,
     compile_program,
     evaluate,
 )
@@ -56,14 +57,17 @@ class ExportedPolicy:
 
     def __init__(self, policy: Policy) -> None:
         self.export: PolicyExport = export_policy(policy)
-        known = [name for name, _ in self.export.variables]
         self._variables = [
-            (name, _compiled(expression, name, known)) for name, expression in self.export.variables
+            (name, _compiled(expression, name, _EXPORTED))
+            for name, expression in self.export.variables
         ]
         self._validations = [
-            (item, _compiled(item.expression, item.protects, known))
+            (item, _compiled(item.expression, item.protects, _EXPORTED))
             for item in self.export.validations
         ]
+        self._names = frozenset(
+            name for _, program in (*self._variables, *self._validations) for name in program.names
+        )
         self._rules = [
             (rule["apiGroups"][0], rule["resources"][0], frozenset(rule["operations"]))
             for rule in self.export.resource_rules
@@ -84,15 +88,11 @@ class ExportedPolicy:
         if not self.matches(write):
             return None
         request = _request(write, node, username)
-        data: dict[str, Any] = {
-            "object": write.object,
-            "oldObject": write.old_object,
-            "request": request,
-            "variables": {},
-        }
-        for name, program in self._variables:
-            data["variables"][name] = evaluate(program, activation(data))  # literals, node
-        bound = activation(data)
+        values: dict[str, Any] = {}
+        for name, program in self._variables:  # literals, the node
+            data = bindings(self._names, write.object, write.old_object, request, values)
+            values[name] = evaluate(program, activation(data))
+        bound = activation(bindings(self._names, write.object, write.old_object, request, values))
         for item, program in self._validations:
             try:
                 holds = evaluate(program, bound)
@@ -103,9 +103,13 @@ class ExportedPolicy:
         return None
 
 
-def _compiled(expression: str, where: str, known: list[str]) -> Program:
+_EXPORTED = {"node": "string", "drivers": "list(string)", "namespaces": "list(string)"}
+"""The admission policy's variables and their types (:func:`export_policy`)."""
+
+
+def _compiled(expression: str, where: str, variables: Mapping[str, str]) -> Program:
     try:
-        return compile_program(expression, where, known=known, result="any")
+        return compile_program(expression, where, variables=variables, result="any")
     except CelError as exc:  # a bug of the export, never of the policy (it compiled at load)
         raise AssertionError(
             f"the exported expression for {where!r} does not compile: {exc}"

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gatekeeper.codec.jsonpath import FieldPath
-from gatekeeper.policy._celtext import reads, rename, unchanged_but
+from gatekeeper.policy._celtext import unchanged_but
 from gatekeeper.policy._managedcel import managed_fields_expression
-from gatekeeper.policy.cel import CelRules, Program
+from gatekeeper.policy.cel import CelRules, Program, rewrite
 from gatekeeper.policy.model import (
     ANY_DRIVER,
     Changeable,
@@ -341,27 +341,22 @@ def _allocated(q: str, version: VersionSpec) -> list[Exported]:
 def _scoped(q: str, cel: CelRules) -> list[Exported]:
     scope = cel.scope
     assert scope is not None
-    exported = _portable(scope, cel)
-    if exported is None:
-        return []
     out: list[Exported] = []
     for root, skip, what in (("object", "DELETE", "written"), ("oldObject", "CREATE", "stored")):
+        # The scope is written on ``object``: on the stored object, its checked tree's
+        # references to ``object`` (and its variables') are renamed, not bound with ``cel.bind``,
+        # which the apiserver's admission CEL does not declare.
+        exported = _portable(scope, cel, root)
+        if exported is None:
+            return []
         out.append(
             Exported(
                 f"{q}: the {what} object is in the scope of one of the node's drivers.",
-                f"request.operation == '{skip}' || {_with_object(exported, root)}",
+                f"request.operation == '{skip}' || {exported}",
                 f"{q}: the {what} object is not in the scope of the node's drivers",
             )
         )
     return out
-
-
-def _with_object(expression: str, root: str) -> str:
-    """``expression`` (written on ``object``) on ``root`` instead: renamed, not bound with
-    ``cel.bind``, which the apiserver's admission CEL does not declare."""
-    if root == "object":
-        return expression
-    return rename(expression, "object", root)
 
 
 # --- carried-over CEL ---------------------------------------------------------------------------
@@ -396,45 +391,75 @@ def _carried(
     return exported, skipped
 
 
-def _inlined(program: Program, cel: CelRules) -> str | None:
+def _reads(program: Program, cel: CelRules) -> frozenset[str]:
+    """The declarations ``program`` reads, through the kind's variables too."""
+    names = set(program.names)
+    for variable in cel.needed(program):
+        names |= variable.program.names
+    return frozenset(names)
+
+
+def _inlined(program: Program, cel: CelRules, root: str) -> str | None:
     """The source with the kind's own variables replaced by their expressions (the admission
-    policy's variables are shared by every kind, a policy's are not); None when a reference
-    cannot be resolved statically."""
-    if "*" in program.variables:
+    policy's variables are shared by every kind, a policy's are not), ``object`` read as
+    ``root``, and the caller's driver and namespace as the exported comprehensions' variables;
+    None when a name cannot be replaced where it is written (a comprehension variable of the
+    same name would capture it)."""
+    variables = {f"variables.{variable.name}": variable for variable in cel.variables}
+
+    def replace(name: str) -> tuple[str, frozenset[str]] | None:
+        if name in variables:
+            inner = _inlined(variables[name].program, cel, root)
+            if inner is None:
+                raise _Captured
+            return f"({inner})", _reads(variables[name].program, cel)
+        if name in _RENAMED:
+            return _RENAMED[name], frozenset()
+        if name == "object" and root != "object":
+            return root, frozenset({root})
         return None
-    source = program.source
-    for variable in reversed(cel.needed(program)):
-        inner = _inlined(variable.program, cel)
-        if inner is None:
-            return None
-        source = rename(source, f"variables.{variable.name}", f"({inner})")
-    return source
+
+    try:
+        return rewrite(program, replace)
+    except _Captured:
+        return None
 
 
-def _portable(program: Program, cel: CelRules) -> str | None:
-    source = _inlined(program, cel)
-    if source is None or reads(source, "request.userInfo"):
+class _Captured(Exception):
+    """An inlined variable that cannot be placed where it is read."""
+
+
+_RENAMED = {"variables.driver": "__driver", "variables.namespace": "__namespace"}
+
+
+def _portable(program: Program, cel: CelRules, root: str = "object") -> str | None:
+    names = _reads(program, cel)
+    if any(name.startswith("request.userInfo") for name in names):
         return None
-    if any(reads(source, f"variables.{name}") for name in _UNKNOWABLE):
+    if any(f"variables.{name}" in names for name in _UNKNOWABLE):
         return None
-    if reads(source, "variables.namespace"):
-        renamed = rename(source, "variables.namespace", "__namespace")
-        source = f"variables.namespaces.exists(__namespace, {renamed})"
-    if reads(source, "variables.driver"):
-        renamed = rename(source, "variables.driver", "__driver")
-        source = f"variables.drivers.exists(__driver, {renamed})"
+    source = _inlined(program, cel, root)
+    if source is None:
+        return None
+    if "variables.namespace" in names:
+        source = f"variables.namespaces.exists(__namespace, {source})"
+    if "variables.driver" in names:
+        source = f"variables.drivers.exists(__driver, {source})"
     return source
 
 
 def _why_not(program: Program, cel: CelRules) -> str:
-    source = _inlined(program, cel)
-    if source is None:
-        return "it reads a variable by a computed name, which cannot be resolved before it runs"
-    if reads(source, "request.userInfo"):
+    names = _reads(program, cel)
+    if any(name.startswith("request.userInfo") for name in names):
         return "it reads request.userInfo: at the apiserver that is the gatekeeper, not the driver"
+    if any(f"variables.{name}" in names for name in _UNKNOWABLE):
+        return (
+            "it reads the caller's ServiceAccount or pod (variables.serviceAccount, pod, podUID), "
+            "which the apiserver never sees: the request carries the gatekeeper's identity"
+        )
     return (
-        "it reads the caller's ServiceAccount or pod (variables.serviceAccount, pod, podUID), "
-        "which the apiserver never sees: the request carries the gatekeeper's identity"
+        "a variable it reads cannot be inlined where it is read: a comprehension variable there "
+        "has the name of one of the variable's own"
     )
 
 

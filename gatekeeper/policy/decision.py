@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gatekeeper.messages import capped
 from gatekeeper.policy.model import Credentials
 from gatekeeper.request.requestinfo import RequestInfo
 from gatekeeper.rule import Rule, Violation
@@ -102,11 +103,12 @@ def allow(
 def deny(
     code: int, reason: str, message: str | None = None, *, rule: Rule | None = None, **details: str
 ) -> Decision:
+    # Both reach the Status and the audit event: capped, whatever a body made them say.
     return Decision(
         allowed=False,
-        reason=reason,
+        reason=capped(reason),
         code=code,
-        message=message or reason,
+        message=capped(message or reason),
         details=details,
         rule=rule if rule is not None else Rule.for_code(code),
     )

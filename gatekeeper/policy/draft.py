@@ -27,6 +27,12 @@ class Lines(Protocol):
         """The 1-based line of the value at ``path`` (or of its nearest parent); 0 if unknown."""
         ...
 
+    def position(self, path: KeyPath, offset: int) -> tuple[int, int]:
+        """The 1-based line and column in the file of the character at ``offset`` of the string
+        value at ``path`` (however the YAML wrote it: plain, quoted, folded or literal); the
+        value's own line and column 0 when it cannot tell."""
+        ...
+
 
 def render_path(path: KeyPath) -> str:
     """``("kinds", 0, "versions")`` → ``kinds[0].versions``, as messages name a key."""
@@ -45,16 +51,23 @@ class Source:
     included_by: tuple[str, ...] = ()
     lines: Lines | None = None
 
-    def message(self, path: KeyPath, why: str) -> str:
-        """``file:line: key: why (included by …)``: one line (DESIGN §4.1)."""
-        line = self.lines.line(path) if self.lines is not None else 0
+    def message(self, path: KeyPath, why: str, offset: int | None = None) -> str:
+        """``file:line: key: why (included by …)``: one line (DESIGN §4.1); with ``offset``
+        (into the string at ``path``), ``file:line:column:``."""
+        line = column = 0
+        if self.lines is not None:
+            if offset is None:
+                line = self.lines.line(path)
+            else:
+                line, column = self.lines.position(path, offset)
         where = f"{self.name}:{line}" if line else self.name
+        where += f":{column}" if line and column else ""
         key = render_path(path)
         chain = f" (included by {' <- '.join(reversed(self.included_by))})"
         return f"{where}: {key + ': ' if key else ''}{why}{chain if self.included_by else ''}"
 
-    def fail(self, path: KeyPath, why: str) -> NoReturn:
-        raise ConfigError(self.message(path, why))
+    def fail(self, path: KeyPath, why: str, offset: int | None = None) -> NoReturn:
+        raise ConfigError(self.message(path, why, offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,10 @@ class Located:
     def fail(self, why: str, *more: str | int) -> NoReturn:
         """Refuse this value (or the key ``more`` under it)."""
         self.source.fail((*self.path, *more), why)
+
+    def fail_at(self, offset: int, why: str) -> NoReturn:
+        """Refuse this string value, naming the line and column of its character ``offset``."""
+        self.source.fail(self.path, why, offset)
 
     def at(self, *more: str | int) -> Located:
         """The value at ``more`` under this one (which the schema guarantees is there)."""

@@ -19,7 +19,7 @@ from gatekeeper.policy.draft import KeyPath, Located, Source
 from gatekeeper.policy.model import Policy
 from gatekeeper.policyfile._compose import Composed, compose, draft
 from gatekeeper.policyfile._schema import POLICY, first_fault, schema
-from gatekeeper.policyfile._yaml import YamlError, line_at, load_yaml
+from gatekeeper.policyfile._yaml import YamlError, line_at, load_yaml, position_at
 
 __all__ = [
     "API_VERSION",
@@ -69,11 +69,14 @@ def packaged_policies() -> list[str]:
 class _Lines:
     """The lines of a loaded document, for the build's messages."""
 
-    def __init__(self, doc: Any) -> None:
-        self._doc = doc
+    def __init__(self, doc: Any, text: str) -> None:
+        self._doc, self._text = doc, text
 
     def line(self, path: KeyPath) -> int:
         return line_at(self._doc, path)
+
+    def position(self, path: KeyPath, offset: int) -> tuple[int, int]:
+        return position_at(self._text, self._doc, path, offset)
 
 
 class _AtLine:
@@ -84,6 +87,9 @@ class _AtLine:
 
     def line(self, path: KeyPath) -> int:
         return self._line
+
+    def position(self, path: KeyPath, offset: int) -> tuple[int, int]:
+        return self._line, 0
 
 
 class _Loader:
@@ -130,7 +136,7 @@ class _Loader:
     ) -> Composed:
         """One file's text: YAML, then the schema, then its includes, then its own keys."""
         doc = _parsed(text, shown, included_by)
-        source = Source(shown, included_by, _Lines(doc))
+        source = Source(shown, included_by, _Lines(doc, text))
         _not_a_test_file(source, doc)
         fault = first_fault(POLICY, doc)
         if fault is not None:

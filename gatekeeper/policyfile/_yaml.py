@@ -24,10 +24,12 @@ __all__ = [
     "MAX_NODES",
     "LineDict",
     "LineList",
+    "Span",
     "YamlError",
     "line_at",
     "load_yaml",
     "plain",
+    "position_at",
 ]
 
 MAX_NODES = 200_000
@@ -45,11 +47,18 @@ class YamlError(Exception):
         self.line = line
 
 
+Span = tuple[int, int, str | None]
+"""Where a string scalar was written: its first character's index in the text, the index after
+its last, and its style (None plain, ``'``, ``"``, ``|``, ``>``)."""
+
+
 class LineDict(dict[Any, Any]):
-    """A mapping with the line it starts at and the line of each key."""
+    """A mapping with the line it starts at, the line of each key and where each string value
+    was written."""
 
     line: int = 0
     key_lines: dict[Any, int]
+    value_spans: dict[Any, Span]
 
     def key_line(self, key: Any) -> int:
         """The line of ``key`` (the mapping's own line if the key is absent)."""
@@ -57,10 +66,12 @@ class LineDict(dict[Any, Any]):
 
 
 class LineList(list[Any]):
-    """A list with the line it starts at and the line of each item."""
+    """A list with the line it starts at, the line of each item and where each string item was
+    written."""
 
     line: int = 0
     item_lines: list[int]
+    item_spans: list[Span | None]
 
 
 def line_at(doc: Any, path: KeyPath) -> int:
@@ -76,6 +87,70 @@ def line_at(doc: Any, path: KeyPath) -> int:
         else:
             break
     return line
+
+
+def position_at(text: str, doc: Any, path: KeyPath, offset: int) -> tuple[int, int]:
+    """The 1-based line and column in ``text`` of the character at ``offset`` of the string at
+    ``path`` in ``doc`` (loaded from ``text``): non-blank characters are written one for one in
+    every style, so the one at ``offset`` is the same non-blank character of the written text
+    (an escape or a doubled quote counts as one). The value's line and column 0 when it cannot
+    tell (a value not written as a string here, an alias)."""
+    parent: Any = doc
+    for step in path[:-1]:
+        listed = isinstance(parent, list) and isinstance(step, int) and 0 <= step < len(parent)
+        parent = parent[step] if listed or (isinstance(parent, dict) and step in parent) else None
+    span: Span | None = None
+    if path and isinstance(parent, LineDict):
+        span = parent.value_spans.get(path[-1])
+    elif path and isinstance(parent, LineList) and isinstance(path[-1], int):
+        span = parent.item_spans[path[-1]] if 0 <= path[-1] < len(parent) else None
+    value = parent[path[-1]] if span is not None else None
+    if span is None or not isinstance(value, str):
+        return line_at(doc, path), 0
+    index = _written_index(text, span, value, offset)
+    line = text.count("\n", 0, index) + 1
+    return line, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+# What a double-quoted escape stands for, where that is blank (it is then not counted).
+_BLANK_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", " ": " ", "\t": "\t", "L": "\u2028",
+                  "P": "\u2029", "N": "\x85", "_": "\xa0"}  # fmt: skip
+_ESCAPE_WIDTHS = {"x": 4, "u": 6, "U": 10}
+
+
+def _written_index(text: str, span: Span, value: str, offset: int) -> int:
+    start, end, style = span
+    offset = max(0, min(offset, len(value)))
+    while offset < len(value) and value[offset].isspace():
+        offset += 1
+    after = offset >= len(value)  # past the last character (the end of the expression)
+    wanted = sum(1 for char in value[:offset] if not char.isspace()) - after
+    if wanted < 0:
+        return start
+    if style in ("|", ">"):
+        at = text.find("\n", start, end) + 1 or start  # after the header line
+    else:
+        at = start + 1 if style in ("'", '"') else start
+    seen = 0
+    while at < end:
+        char = text[at]
+        width = 1
+        if char.isspace():
+            at += 1
+            continue
+        if style == '"' and char == "\\" and at + 1 < end:
+            escaped = text[at + 1]
+            width = _ESCAPE_WIDTHS.get(escaped, 2)
+            if escaped == "\n" or _BLANK_ESCAPES.get(escaped, "x").isspace():
+                at += width
+                continue
+        elif style == "'" and char == "'" and text[at + 1 : at + 2] == "'":
+            width = 2
+        if seen == wanted:
+            return at + width if after else at
+        seen += 1
+        at += width
+    return start
 
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -113,17 +188,27 @@ def _mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
     out = LineDict()
     out.line = node.start_mark.line + 1
     out.key_lines = {}
+    out.value_spans = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
         out[key] = loader.construct_object(value_node, deep=True)
+        if (span := _span(value_node)) is not None:
+            out.value_spans[key] = span
     return out
+
+
+def _span(node: yaml.Node) -> Span | None:
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    return (node.start_mark.index, node.end_mark.index, node.style)
 
 
 def _sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:
     out = LineList(loader.construct_object(child, deep=True) for child in node.value)
     out.line = node.start_mark.line + 1
     out.item_lines = [child.start_mark.line + 1 for child in node.value]
+    out.item_spans = [_span(child) for child in node.value]
     return out
 
 

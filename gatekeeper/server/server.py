@@ -46,6 +46,7 @@ from gatekeeper.server.health import (
 from gatekeeper.server.isolation import IsolationCollector
 from gatekeeper.server.metrics import MeteredSink, Metrics, UpstreamWatches
 from gatekeeper.server.reload import Reloader
+from gatekeeper.server.schemas import check_fields
 from gatekeeper.types import Identity
 from gatekeeper.upstream.session import Upstream, UpstreamSession
 
@@ -238,6 +239,8 @@ class GatekeeperServer:
         self.token_port: int | None = None
         self.health_port: int | None = None
         self.listening = False
+        self._fields: asyncio.Future[list[str]] | None = None
+        """The check of the policy's CEL against the apiserver's schemas (at load, reload)."""
         self.guard: ConnectionGuard | None = None
         """Counts the drivers' listeners' connections (set by :meth:`start`)."""
         self.health: HealthServer | None = None
@@ -281,6 +284,19 @@ class GatekeeperServer:
             self._renewal = asyncio.ensure_future(self.serving.renew(self.token_tls, first))
             self._renewal.add_done_callback(_renewal_ended)
         self._log_started()
+        self._check_fields(self.engine.policy)
+
+    def _check_fields(self, policy: Policy) -> None:
+        """The policy's CEL against the apiserver's schemas, in the background: a warning per
+        field they do not have (docs/policy.md#what-is-checked-at-load), never a delay."""
+        if self._fields is not None:
+            self._fields.cancel()
+        self._fields = asyncio.ensure_future(check_fields(self.upstream, policy))
+
+    async def fields_checked(self) -> list[str]:
+        """The warnings of the last check against the schemas, once it is done."""
+        assert self._fields is not None, "started"
+        return await asyncio.shield(self._fields)
 
     async def _first_certificate(self) -> Issued | None:
         """The token listener's certificate from the CSR API, when it is requested."""
@@ -373,6 +389,10 @@ class GatekeeperServer:
         """Stop accepting, end watches, drain in-flight requests, flush the audit, clean up."""
         self.listening = False
         await self.reloader.stop()
+        if self._fields is not None:
+            self._fields.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._fields
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -412,6 +432,7 @@ class GatekeeperServer:
         )
         await self.remove_driver_sockets(sorted(old.drivers - policy.drivers))
         await self.add_driver_sockets(sorted(policy.drivers - old.drivers))
+        self._check_fields(policy)
 
     def _handshake_failed(self, peer: str, reason: str) -> None:
         self.metrics.tls_failures.labels(reason[:60]).inc()

@@ -1,6 +1,7 @@
-"""CEL in the policy: compiled at load (a fault names the file, the key, the kind, the versions and
-the expression), evaluated with a ValidatingAdmissionPolicy's variables, failing closed, bounded,
-and never imported by a policy without it."""
+"""CEL in the policy: compiled at load (a fault names the file, the line and column, the key, the
+kind, the versions and the expression), evaluated with a ValidatingAdmissionPolicy's variables,
+failing closed, and never imported by a policy without it. Types: test_cel_types.py; what an
+expression reads: test_cel_reads.py; its cost: test_cel_cost.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy import Decision, Engine
-from gatekeeper.policy.cel import MAX_ITERATIONS, MAX_SOURCE
+from gatekeeper.policy.cel import MAX_SOURCE
 from gatekeeper.policyfile import parse_policy
 from gatekeeper.request.requestinfo import parse_request
 from gatekeeper.testing.harness import decide_offline
@@ -228,21 +229,36 @@ def test_variables_are_lazy_as_in_an_admission_policy() -> None:
     assert create(policy(kind_keys=keys), slice_v1()).allowed
 
 
-def test_the_iteration_budget_bounds_one_evaluation() -> None:
-    keys = "validations:\n  - expression: object.spec.devices.all(d, true)\n"
+def test_all_validations_hold_in_one_evaluation_and_a_failing_one_is_still_named() -> None:
+    """The validations of a write are evaluated together first (the usual case: all hold);
+    when they do not all hold, one by one, as an admission policy does: the first that fails
+    refuses, with its own message, even if a later one errs."""
+    keys = """\
+    variables:
+      - name: pool
+        expression: object.spec.pool.name
+    validations:
+      - name: fpga
+        expression: variables.pool.startsWith(variables.node + '/fpga-')
+        message: an fpga pool
+      - name: errs
+        expression: object.spec.devices[0].name == ''
+    """
     loaded = policy(kind_keys=keys)
-    assert create(loaded, slice_v1(devices=[{}] * (MAX_ITERATIONS - 1))).allowed
-    over = create(loaded, slice_v1(devices=[{}] * MAX_ITERATIONS * 2))
-    assert not over.allowed and "could not be evaluated" in over.message
-    assert "Iteration budget exceeded" in over.message
+    assert create(loaded, slice_v1(devices=[{"name": ""}])).allowed
+    refused = create(loaded, slice_v1(pool="node-a/gpu", devices=[]))
+    assert (refused.validation, refused.message.endswith("fpga: an fpga pool")) == ("fpga", True)
+    erred = create(loaded, slice_v1(devices=[]))
+    assert erred.validation == "errs" and "errs could not be evaluated" in erred.message
 
 
 BAD_EXPRESSIONS = [
     (
         "syntax",
         "validations:\n  - expression: 'object.spec =='\n",
-        "p.yaml:12: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: "
-        "at 1:15: Syntax error: mismatched input '<EOF>'",
+        # The column is the file's: just after the expression's last character.
+        "p.yaml:12:36: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: "
+        "Syntax error: mismatched input '<EOF>'",
     ),
     (
         "type",
@@ -257,7 +273,9 @@ BAD_EXPRESSIONS = [
     (
         "unknown-variable",
         "validations:\n  - expression: variables.nod == 'x'\n",
-        "reads variables.nod, which is not defined",
+        "p.yaml:12:21: kinds[0].validations[0].expression: resourceslices.resource.k8s.io: "
+        "reads variables.nod, which is not defined (defined: driver, namespace, node, pod, "
+        "podUID, serviceAccount; a variable is read after it is defined)",
     ),
     (
         "kubernetes-library",
@@ -305,7 +323,7 @@ def test_a_version_level_error_names_the_versions() -> None:
     with pytest.raises(ConfigError) as caught:
         policy(version_keys="validations:\n  - expression: 'object.spec =='\n")
     assert "kinds[0].versions[0].validations[0].expression: resourceslices" in str(caught.value)
-    assert "resourceslices.resource.k8s.io v1beta2, v1: at 1:15: Syntax error" in str(caught.value)
+    assert "resourceslices.resource.k8s.io v1beta2, v1: Syntax error" in str(caught.value)
 
 
 def test_too_many_expressions_for_one_version_are_refused() -> None:
