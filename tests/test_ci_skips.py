@@ -10,6 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL_TEST = "tests/proxy/test_clients.py::test_kubectl_get_with_field_selector"
+# One process (-n 0): the run under test is small, and its report is read whole.
+_PYTEST = (sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0")
 
 
 def _pytest(target: str, tmp_path: Path, *extra: str, ci: bool) -> subprocess.CompletedProcess[str]:
@@ -19,7 +21,7 @@ def _pytest(target: str, tmp_path: Path, *extra: str, ci: bool) -> subprocess.Co
     if ci:
         env["CI"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *extra, target],
+        [*_PYTEST, *extra, target],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -37,6 +37,7 @@ from gatekeeper.cli.certs import (
 )
 from gatekeeper.cli.served import served_kinds
 from gatekeeper.errors import ConfigError
+from gatekeeper.listen.listeners import too_long_for_a_socket
 from gatekeeper.policy import Policy
 from gatekeeper.policyfile import load_policy
 from gatekeeper.server.config import (
@@ -126,6 +127,9 @@ def run_demo_command(args: Sequence[str]) -> int:
     settings = AuditSettings(path=str(audit), level=AuditLevel(ns.audit_level))
     try:
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Refused here, in one line: the gatekeeper alone would skip the driver's socket.
+        if too_long := too_long_for_a_socket(socket_path(workdir / "sockets", DEMO_DRIVER)):
+            raise ConfigError(f"--dir {workdir}: {too_long}")
         asyncio.run(
             _upstream_only(workdir, ns.port)
             if ns.upstream_only

@@ -27,7 +27,15 @@ from pathlib import Path
 from gatekeeper.errors import ConfigError
 from gatekeeper.policy.model import ANY_DRIVER
 
-__all__ = ["LOCK_NAME", "SOCKET_NAME", "DriverSocket", "SocketListeners", "resolve_group"]
+__all__ = [
+    "LOCK_NAME",
+    "MAX_SOCKET_PATH",
+    "SOCKET_NAME",
+    "DriverSocket",
+    "SocketListeners",
+    "resolve_group",
+    "too_long_for_a_socket",
+]
 
 log = logging.getLogger("gatekeeper.listeners")
 
@@ -35,6 +43,20 @@ SOCKET_NAME = "api.sock"
 LOCK_NAME = ".lock"
 _SOCKET_UMASK = 0o117  # 0660 sockets
 _DIR_MODE = 0o750  # owner rwx, --socket-group may enter
+MAX_SOCKET_PATH = 107
+"""The longest path bind(2) takes for a Unix socket (``sun_path`` holds 108 bytes, its NUL
+included); a longer one fails with a bare "AF_UNIX path too long"."""
+
+
+def too_long_for_a_socket(path: str | os.PathLike[str]) -> str | None:
+    """Why no Unix socket can be bound at ``path`` for its length, or None when it can."""
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"{os.fspath(path)} is {size} bytes long, over the {MAX_SOCKET_PATH} a Unix socket's "
+        "path may have: choose a shorter socket directory"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +181,8 @@ class SocketListeners:
         try:
             self._clear(dir_fd)
             path = str(self.socket_dir / driver / SOCKET_NAME)
+            if (too_long := too_long_for_a_socket(path)) is not None:
+                raise _Skip(too_long)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             old = os.umask(_SOCKET_UMASK)
             try:

@@ -10,6 +10,8 @@ import signal
 import socket
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,14 @@ from gatekeeper.testing.harness import GPU, KUBECTL, free_port
 from tests.paths import REPO
 
 REPO = REPO
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory whose sockets' paths fit a Unix socket (pytest's own can be too long)."""
+    path = Path(tempfile.mkdtemp(prefix="gk-demo-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.kubectl
@@ -104,8 +114,8 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 @pytest.mark.kubectl
-async def test_demo_watch_sees_objects_created_later(tmp_path: Path) -> None:
-    workdir, port = tmp_path / "demo", free_port()
+async def test_demo_watch_sees_objects_created_later(tmp_path: Path, short_dir: Path) -> None:
+    workdir, port = short_dir / "demo", free_port()
     process, lines = await _start_demo(
         "--dir", str(workdir), "--port", str(port), "--change-every", "1"
     )
@@ -244,7 +254,30 @@ async def test_a_busy_port_names_the_port_flag(tmp_path: Path, upstream_only: bo
     assert "--listen" not in err.decode() and "Address already in use" in message
 
 
-async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(tmp_path: Path) -> None:
+async def test_a_dir_too_long_for_the_drivers_socket_is_refused_in_one_line(
+    short_dir: Path,
+) -> None:
+    """bind(2) takes at most 107 bytes of a Unix socket's path; the demo says so before it
+    starts, instead of a gatekeeper without the demo driver's socket."""
+    workdir = short_dir / ("d" * 100)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gatekeeper", "demo", "--dir", str(workdir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    (line,) = err.decode().splitlines()
+    sock = workdir / "sockets" / GPU / "api.sock"
+    assert line == (
+        f"dra-gatekeeper demo: --dir {workdir}: {sock} is {len(str(sock))} bytes long, over the "
+        "107 a Unix socket's path may have: choose a shorter socket directory"
+    )
+
+
+async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(
+    short_dir: Path,
+) -> None:
+    tmp_path = short_dir
     process, lines = await _start_demo("--dir", "rel", "--change-every", "0", cwd=tmp_path)
     await _stop(process)
     kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
@@ -254,14 +287,14 @@ async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(tmp_pa
 
 
 @pytest.mark.kubectl
-async def test_the_demo_shows_the_token_listener(tmp_path: Path) -> None:
+async def test_the_demo_shows_the_token_listener(tmp_path: Path, short_dir: Path) -> None:
     """The printed kubeconfig with the driver's ServiceAccount token works, and the
     service-account volume it points at is what in-cluster config reads."""
-    process, lines = await _start_demo("--dir", str(tmp_path / "demo"))
+    process, lines = await _start_demo("--dir", str(short_dir / "demo"))
     try:
         command = next(line for line in lines if "token.kubeconfig" in line).split()
         assert command[:2] == ["kubectl", "--kubeconfig"]
-        volume = tmp_path / "demo" / "serviceaccount"
+        volume = short_dir / "demo" / "serviceaccount"
         assert {p.name for p in volume.iterdir()} == {"token", "ca.crt", "namespace"}
         done = await asyncio.create_subprocess_exec(
             str(KUBECTL), *command[1:], "-o", "json", stdout=asyncio.subprocess.PIPE
@@ -271,7 +304,7 @@ async def test_the_demo_shows_the_token_listener(tmp_path: Path) -> None:
         names = [item["metadata"]["name"] for item in json.loads(out)["items"]]
         assert names == ["demo-node-gpu.example.com-0"]
         audit = [
-            json.loads(line) for line in (tmp_path / "demo" / "audit.log").read_text().splitlines()
+            json.loads(line) for line in (short_dir / "demo" / "audit.log").read_text().splitlines()
         ]
         assert any(
             e["user"]["extra"].get("dra-gatekeeper.io/transport") == ["token"] for e in audit

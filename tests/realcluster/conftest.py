@@ -48,6 +48,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.realcluster)
+            # One worker runs the whole tier: its cluster is a session fixture, built once.
+            item.add_marker(pytest.mark.xdist_group("realcluster"))
 
 
 @pytest.fixture(scope="session")
