@@ -205,8 +205,10 @@ def _attacks(policy: Any, policy_file: str) -> list[tuple[str, str, str, bytes]]
         for entry in spec.entries if spec is not None else ():
             if version in entry.versions and entry.versions[version].cel:
                 cel = entry.versions[version].cel
+        driver = case.get("driver") or min(policy.drivers, default=None)
+        if driver is None:  # a policy that names no driver (one for any, or included)
+            continue
         if resource not in templates or (cel is not None and not templates[resource][0]):
-            driver = case.get("driver", next(iter(sorted(policy.drivers))))
             templates[resource] = (cel is not None, driver, request["path"], body, cel)
     out = []
     for resource, (_, driver, path, body, cel) in sorted(templates.items()):

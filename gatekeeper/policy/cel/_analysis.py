@@ -16,6 +16,7 @@ from gatekeeper.policy.cel._cut import Bound, Chain, Projection, ReadPlan, read_
 from gatekeeper.policy.cel._env import BUILT_INS, OBJECT_ROOTS
 from gatekeeper.policy.cel._poly import (
     CONVERT,
+    CONVERT_VALUE,
     COST_LIMIT,
     EVALUATION,
     MAX_OBJECT_BYTES,
@@ -283,8 +284,9 @@ def _worst(program: Program, costs: Mapping[int, Poly], needed: _Needed) -> floa
     for variable in needed(program):
         total += costs[id(variable.program)].value(worst)
         roots.update(_roots(variable.program))
-    # Every object it reads converted and walked whole, at its largest.
-    return total + len(roots) * MAX_OBJECT_BYTES * (CONVERT + WALK / 2)
+    # Every object it reads converted and walked whole, at its largest (a value in every
+    # other byte: `[0,0,…]`).
+    return total + len(roots) * MAX_OBJECT_BYTES * (CONVERT + CONVERT_VALUE / 2 + WALK / 2)
 
 
 def _roots(program: Program) -> Iterable[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from gatekeeper.policy.cel._poly import CHAR, CONVERT, SUM, WALK, Poly
+from gatekeeper.policy.cel._poly import CHAR, CONVERT, CONVERT_VALUE, MAP_KEY, SUM, WALK, Poly
 from gatekeeper.policy.cel._reads import Path, Read, Reads
 
 __all__ = [
@@ -161,10 +161,10 @@ def _elements(value: list[Any], keys: tuple[str, ...], projection: Projection) -
             cut = [{key: item[key] for key in keys if key in item} for item in value]
         if not all(type(item) is dict for item in value):
             return None
-        size = len(orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER))
+        dumped = orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER)
     except TypeError:  # an element that is not a mapping; an integer past 53 bits
         return None
-    projection.converted += size
+    projection.convert(dumped)
     projection.check()
     return cut
 
@@ -251,20 +251,37 @@ class Projection:
     cut cost (mappings and elements walked, bytes and characters to convert);
     :class:`OverBudget` once that passes ``limit`` units."""
 
-    __slots__ = ("chars", "converted", "limit", "sizes", "walked")
+    __slots__ = ("chars", "converted", "keys", "limit", "sizes", "values", "walked")
 
     def __init__(self, slots: int, limit: float) -> None:
         self.sizes = [0] * (4 * slots)
         """Each size's largest value (``2 * slot`` and ``2 * slot + 1``), then each size's
         values added up (its instances under a list are disjoint)."""
-        self.walked = self.converted = self.chars = 0
+        self.walked = self.converted = self.values = self.keys = self.chars = 0
         self.limit = limit
 
     @property
     def spent(self) -> float:
-        """Units of the cut: per mapping or list walked, per byte of a mapping or list kept
-        whole (converted), per character of a string."""
-        return self.walked * WALK + self.converted * CONVERT + self.chars * CHAR
+        """Units of the cut: per mapping or list walked, per byte and per value of a mapping or
+        list kept whole (converted), per key of a mapping a loop ranges over, per character of a
+        string."""
+        return (
+            self.walked * WALK
+            + self.converted * CONVERT
+            + self.values * CONVERT_VALUE
+            + self.keys * MAP_KEY
+            + self.chars * CHAR
+        )
+
+    def convert(self, dumped: bytes) -> None:
+        """Charge the conversion of a value whose JSON is ``dumped``: the runtime builds each
+        value of a mapping or list on its own, so its work follows their number more than the
+        bytes. They are counted from the JSON text in C, as one per separator, key and container
+        (one inside a string counts too: more, never fewer)."""
+        self.converted += len(dumped)
+        self.values += (
+            dumped.count(b",") + dumped.count(b":") + dumped.count(b"{") + dumped.count(b"[")
+        )
 
     def record(self, slots: tuple[int, ...], count: int, size: int) -> None:
         sizes = self.sizes
@@ -353,8 +370,9 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
                 projection.record(track, len(value), len(value) + 2)
             return value
         if kind is dict or kind is list:
-            value, size = _measured(value)
-            projection.converted += size
+            value, dumped = _measured(value)
+            projection.convert(dumped)
+            size = len(dumped)
             if track:
                 projection.record(track, len(value), size)
             if below:
@@ -379,11 +397,11 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
                 raise Unfit
             try:  # an element not a mapping (a string, a list) or without the field: no
                 cut = list(map(field, value))
-                size = len(orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER))
+                dumped = orjson.dumps(cut, option=orjson.OPT_STRICT_INTEGER)
             except (KeyError, TypeError):  # TypeError too: an integer past 53 bits
                 raise Unfit from None  # (each element was a mapping: any other fails)
             projection.walked += 1 + len(value) // 8  # one comprehension, in C mostly
-            projection.converted += size
+            projection.convert(dumped)
             if track:
                 projection.record(track, len(value), 0)
             return cut
@@ -399,6 +417,8 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
             if kind is not list and kind is not dict:
                 return whole(value, projection)
             projection.walked += 1 + len(value)
+            if kind is dict:  # a loop over a mapping: each key listed and bound in the runtime
+                projection.keys += len(value)
             if track:
                 projection.record(track, len(value), 0)
             projection.check()
@@ -420,7 +440,7 @@ def _cutter(plan: _Plan, measured: frozenset[int]) -> _Cutter:
                 projection.record(track, len(value) if shape else 0, 0)
             if not shape:
                 return kind()
-            projection.converted += 2 * len(value)  # each element converted (a null)
+            projection.values += len(value)  # each element converted (a null)
             return [None] * len(value) if kind is list else dict.fromkeys(value)
 
         return keep
@@ -449,14 +469,14 @@ def _length(value: Any, steps: tuple[str, ...]) -> int:
     return len(value) if type(value) in (dict, list, str) else 1
 
 
-def _measured(value: dict[str, Any] | list[Any]) -> tuple[Any, int]:
-    """A mapping or list as the runtime gets it, and its size in JSON bytes. orjson measures it
-    in C and refuses an integer past 53 bits: only then is it walked for Go's conversions."""
+def _measured(value: dict[str, Any] | list[Any]) -> tuple[Any, bytes]:
+    """A mapping or list as the runtime gets it, and its JSON. orjson writes it in C and
+    refuses an integer past 53 bits: only then is it walked for Go's conversions."""
     try:
-        return value, len(orjson.dumps(value, option=orjson.OPT_STRICT_INTEGER))
+        return value, orjson.dumps(value, option=orjson.OPT_STRICT_INTEGER)
     except TypeError:
         converted = go_numbers(value)
-        return converted, len(orjson.dumps(converted))
+        return converted, orjson.dumps(converted)
 
 
 def _scalar(value: Any) -> Any:

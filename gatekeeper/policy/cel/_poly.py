@@ -11,12 +11,14 @@ from dataclasses import dataclass
 __all__ = [
     "CHAR",
     "CONVERT",
+    "CONVERT_VALUE",
     "COST_LIMIT",
     "ELEMENT",
     "EQUAL",
     "EVALUATION",
     "FORMAT",
     "ITERATION",
+    "MAP_KEY",
     "MAX_OBJECT_BYTES",
     "NAME_BYTES",
     "NODE",
@@ -62,10 +64,17 @@ REGEX = 2
 """One character of input times one character of the pattern (RE2 is linear in its input)."""
 FORMAT = 32
 """Characters one value may take when formatted as a string."""
-CONVERT = 40
-"""One byte of an object converted into the runtime (about 20 ns)."""
+CONVERT = 10
+"""One byte of a mapping or list converted into the runtime (its characters: about 1 ns)."""
+CONVERT_VALUE = 300
+"""One value of a mapping or list converted into the runtime: a key or an element (about 150 ns,
+up to 500 for a mapping's entry)."""
 WALK = 400
 """One mapping or list of an object walked in Python to cut it to what is read."""
+MAP_KEY = 2000
+"""One key of a mapping a loop ranges over, besides the loop's iteration: the runtime lists and
+binds a mapping's keys through the binding (measured: about 2 µs a key, where an element of a
+list takes a tenth of that)."""
 EVALUATION = 5000
 """One call into the runtime: its bindings and its result (about 2 µs)."""
 REQUEST = 15_000
