@@ -62,6 +62,14 @@ class Limits:
     closed (slowloris)."""
     body_timeout: float = 30.0
     """Seconds to read a request body; then 408."""
+    body_kib_per_driver: int = 1024
+    """Request-body KiB per second one driver may send, after a burst of
+    ``BODY_BURST_SECONDS`` times as many (at least the largest body, 3 MiB): a body past it
+    waits, in turn with the driver's others, until the driver's budget holds it (up to
+    ``upstream_wait``; then 429). Reading, parsing and forwarding bodies is the event loop's
+    work that grows with what a driver sends; this keeps one driver's share of it small, whatever
+    it sends (docs/operating.md#limits). A driver's legitimate writes, a few KB each, never
+    come near it."""
     keepalive_timeout: float = 60.0
     """Seconds an idle keep-alive connection stays open."""
     upstream_wait: float = 5.0

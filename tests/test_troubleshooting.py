@@ -122,6 +122,9 @@ ROWS: dict[str, list[Case] | Elsewhere] = {
     "400 `continue is not accepted for resourceclaims…`": [
         Case(_request("GET", CLAIMS, query={"continue": "x"}))
     ],
+    "429 `sends request bodies faster than the … KiB a second`": Elsewhere(
+        "tests/proxy/test_budgets.py", "needs a driver's bodies past its byte budget"
+    ),
     "429 `waited … behind its own 4 filtered lists or watch primes`": Elsewhere(
         "tests/proxy/test_budgets.py", "needs lists held open concurrently"
     ),

@@ -10,6 +10,7 @@ from gatekeeper.policy.conversation import Answer, Body, Fetch, conversation
 from gatekeeper.policy.decision import Decision
 from gatekeeper.proxy.requestbody import read_body
 from gatekeeper.proxy.state import Gatekeeper
+from gatekeeper.request.body import MAX_BODY_BYTES
 from gatekeeper.request.headers import accepts_plain_json
 from gatekeeper.upstream.previews import run_preview
 from gatekeeper.upstream.session import fetch
@@ -28,8 +29,13 @@ async def decide(request: web.BaseRequest, flow: Flow, gk: Gatekeeper) -> Decisi
         while True:
             step = talk.send(answer)
             if isinstance(step, Body):
+                driver, declared = flow.identity.driver, request.content_length
+                if declared:  # (one past the largest body: that is refused unread)
+                    await gk.budgets.body(driver, min(declared, MAX_BODY_BYTES + 1))
                 timeout = gk.budgets.limits.body_timeout
                 flow.media_type, flow.body = await read_body(request, flow.info, timeout)
+                if declared is None:
+                    gk.budgets.charge(driver, request.content.total_bytes)
                 answer = (flow.media_type, flow.body)
             elif isinstance(step, Fetch):
                 flow.current = answer = await fetch(gk.upstream, step.path)

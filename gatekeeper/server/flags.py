@@ -229,6 +229,10 @@ _LIMITS = (
            doc="seconds to receive a request's headers, from its first byte (and a TLS "
            "handshake, from the connection)"),
     _limit("--body-timeout", "body_timeout", "seconds to receive a request body (then 408)"),
+    _limit("--max-body-kib-per-driver", "body_kib_per_driver",
+           "request-body KiB per second of one driver, after a burst (then they wait; 429)",
+           doc="request-body KiB per second of one driver, after a burst of 8 seconds' worth "
+           "(at least 3 MiB); a body past it waits its turn up to --upstream-wait, then 429"),
     _limit("--keepalive-timeout", "keepalive_timeout", "seconds an idle connection stays open"),
     _limit("--upstream-wait", "upstream_wait",
            "seconds to wait for an upstream connection (then 503)"),

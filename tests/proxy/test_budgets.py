@@ -5,6 +5,7 @@ drivers' requests from waiting behind one driver's watches, and bounded waits (5
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,10 +27,12 @@ from gatekeeper.testing.harness import (
     UpstreamCall,
     running_gatekeeper,
     seed,
+    slice_body,
 )
 from gatekeeper.upstream.session import UpstreamSession
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+MIB = 1024 * 1024
 # A list at a resourceVersion the store has not reached waits (the apiserver: 3 s, then 504):
 # a request that stays in flight, with nothing slow about the gatekeeper itself.
 FUTURE = {"resourceVersion": "999999", "resourceVersionMatch": "NotOlderThan"}
@@ -244,3 +247,67 @@ async def test_filtered_reads_wait_their_turn_per_driver(
             held.cancel()
             await asyncio.gather(held, return_exceptions=True)
         await _until(lambda: budgets.filtered_reads(GPU) == 0)
+
+
+def _padded(name: str, driver: str, size: int) -> bytes:
+    body = slice_body(name, driver=driver, pool=f"{NODE}/{driver}")
+    body["metadata"]["annotations"] = {"pad": "p" * size}
+    return json.dumps(body).encode()
+
+
+async def test_a_drivers_bodies_past_its_byte_budget_wait_then_429_others_unaffected(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """A burst of the budget (at least 3 MiB) passes at once; past it a body waits for the
+    driver's rate, up to --upstream-wait, then 429, audited. Another driver's budget is its own."""
+    limits = Limits(body_kib_per_driver=64, upstream_wait=0.5)
+    headers = {"Content-Type": "application/json"}
+    async with (
+        started(apiserver, policy, pki, limits) as (gk, sink),
+        gk.unix_session(GPU) as gpu,
+        gk.unix_session(NIC) as nic,
+    ):
+        for i in range(2):
+            async with gpu.post(
+                SLICES, data=_padded(f"gpu-{i}", GPU, 5 * MIB // 4), headers=headers
+            ) as ok:
+                assert ok.status == 201, await ok.text()
+        async with gpu.post(
+            SLICES, data=_padded("gpu-2", GPU, 5 * MIB // 4), headers=headers
+        ) as refused:
+            assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+            status = await refused.json()
+            assert "sends request bodies faster than the 64 KiB a second" in status["message"]
+            (event,) = sink.by_id(refused.headers["Audit-Id"])
+            assert event["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        async with nic.post(SLICES, data=_padded("nic-0", NIC, MIB), headers=headers) as other:
+            assert other.status == 201, await other.text()
+        # The refused body took nothing: what is left of the budget still holds a small one.
+        async with gpu.post(SLICES, data=_padded("gpu-3", GPU, 10), headers=headers) as small:
+            assert small.status == 201
+    assert apiserver.get("resource.k8s.io", "resourceslices", "gpu-2") is None
+
+
+async def test_a_chunked_body_is_counted_once_read(
+    apiserver: APIServer, policy: Policy, pki: PKI
+) -> None:
+    """Without a Content-Length the body's size is known once read: it is counted then, and
+    the driver's next body waits for it."""
+    limits = Limits(body_kib_per_driver=64, upstream_wait=0.5)
+    headers = {"Content-Type": "application/json"}
+
+    async def chunked(payload: bytes) -> AsyncIterator[bytes]:
+        for start in range(0, len(payload), 65536):
+            yield payload[start : start + 65536]
+
+    async with (
+        started(apiserver, policy, pki, limits) as (gk, _),
+        gk.unix_session(GPU) as gpu,
+    ):
+        for i in range(2):
+            payload = _padded(f"gpu-{i}", GPU, 2 * MIB)
+            async with gpu.post(SLICES, data=chunked(payload), headers=headers) as ok:
+                assert ok.status == 201, await ok.text()
+                assert ok.request_info.headers.get("Content-Length") is None
+        async with gpu.post(SLICES, data=_padded("gpu-2", GPU, 10), headers=headers) as refused:
+            assert refused.status == 429

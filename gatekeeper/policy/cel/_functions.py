@@ -14,6 +14,7 @@ from gatekeeper.policy.cel._poly import (
     FORMAT,
     ONE,
     REGEX,
+    REGEX_COMPILE,
     SCALAR,
     ZERO,
     Poly,
@@ -79,7 +80,7 @@ def _prefix(args: Sequence[Sizes], kind: str, smaller: Smaller) -> tuple[Poly, S
 
 def _matches(args: Sequence[Sizes], kind: str, smaller: Smaller) -> tuple[Poly, Sizes]:
     text, pattern = args[0].count, args[1].count
-    return (text * pattern).scaled(REGEX) + pattern.scaled(ELEMENT), SCALAR
+    return (text * pattern).scaled(REGEX) + pattern.scaled(REGEX_COMPILE), SCALAR
 
 
 def _walks(args: Sequence[Sizes], kind: str, smaller: Smaller) -> tuple[Poly, Sizes]:
