@@ -176,15 +176,6 @@ class Poly:
                 without[term] = coefficient
         return Poly(without), Poly(per), twice
 
-    def substitute(self, slot: int, by: Poly) -> Poly:
-        out = Poly()
-        for term, coefficient in self.terms.items():
-            part = Poly({(): coefficient})
-            for each in term:
-                part = part * (by if each == slot else Poly.slot(each))
-            out = out + part
-        return out
-
     def __repr__(self) -> str:
         return " + ".join(f"{c:g}*{'*'.join(map(str, t)) or '1'}" for t, c in self.terms.items())
 
