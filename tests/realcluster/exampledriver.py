@@ -245,6 +245,9 @@ def start_gatekeeper(
     return GatekeeperProcess(cluster, policy, drivers, token_file, listen_token=True).start()
 
 
+_PORT_ATTEMPTS = 3
+
+
 def launch(
     binary: str,
     cluster: RealCluster,
@@ -261,9 +264,21 @@ def launch(
     volume = service_account_volume(
         Path(tempfile.mkdtemp(prefix="sa-", dir=workdir)), token, ca_file, NAMESPACE
     )
-    environment = chart_env(node, pod["metadata"]["uid"], free_port(), **env)
-    environment |= {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
-    return Plugin(binary, environment, in_pod(volume))
+    for attempt in range(_PORT_ATTEMPTS):
+        environment = chart_env(node, pod["metadata"]["uid"], free_port(), **env)
+        environment |= {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(port),
+        }
+        try:
+            return Plugin(binary, environment, in_pod(volume))
+        except PluginError as exc:
+            # free_port() finds a port that was free a moment ago; the plugin binds its
+            # healthcheck port itself (on every address), and a test on another worker may
+            # take the port first.
+            if "address already in use" not in str(exc) or attempt == _PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def plugin_events(gatekeeper: GatekeeperProcess, since: int = 0) -> list[dict[str, Any]]:
