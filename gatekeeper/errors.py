@@ -53,6 +53,7 @@ class UpstreamError(Exception):
     """The upstream failed: 502 bad answer (e.g. a redirect), 503 unreachable, 504 timeout."""
 
     def __init__(self, code: int, message: str) -> None:
+        message = capped(message)  # it may quote the upstream; it reaches a Status and a log line
         super().__init__(message)
         self.code = code
         self.message = message

@@ -3,7 +3,7 @@ the Status answer and the audit annotation, stays small whatever the body made i
 
 from __future__ import annotations
 
-from gatekeeper.errors import Refusal
+from gatekeeper.errors import Refusal, UpstreamError
 from gatekeeper.messages import MAX_MESSAGE, capped
 from gatekeeper.policy.decision import deny
 
@@ -23,3 +23,5 @@ def test_refusals_and_decisions_are_capped() -> None:
     assert len(refusal.reason) == len(refusal.message) == len(str(refusal)) == MAX_MESSAGE
     decision = deny(403, huge)
     assert len(decision.reason) == len(decision.message) == MAX_MESSAGE
+    upstream = UpstreamError(502, huge)  # it may quote what the upstream answered
+    assert len(upstream.message) == len(str(upstream)) == MAX_MESSAGE
