@@ -80,9 +80,7 @@ class DriverBudgets:
         """Take ``size`` bytes of ``driver``'s body budget (``Limits.body_kib_per_driver``),
         waiting in turn with its other bodies until the budget holds them, up to
         ``upstream_wait``; then Refusal(429). Drivers never wait for each other's bodies."""
-        budget = self._bodies.get(driver)
-        if budget is None:
-            budget = self._bodies[driver] = _BodyBudget(self.limits.body_kib_per_driver * 1024)
+        budget = self._body_budget(driver)
         budget.users += 1
         try:
             async with asyncio.timeout(self.limits.upstream_wait):
@@ -107,10 +105,13 @@ class DriverBudgets:
     def charge(self, driver: str, size: int) -> None:
         """Count ``size`` bytes read without a declared length (a chunked body) against
         ``driver``'s body budget: its next bodies wait for them."""
+        self._body_budget(driver).charge(size)
+
+    def _body_budget(self, driver: str) -> _BodyBudget:
         budget = self._bodies.get(driver)
         if budget is None:
             budget = self._bodies[driver] = _BodyBudget(self.limits.body_kib_per_driver * 1024)
-        budget.charge(size)
+        return budget
 
     @contextmanager
     def admit(self, driver: str, *, watch: bool) -> Iterator[None]:
