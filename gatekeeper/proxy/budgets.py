@@ -57,15 +57,13 @@ class DriverBudgets:
                 async with asyncio.timeout(self.limits.upstream_wait):
                     await turns.free.acquire()
             except TimeoutError:
-                self.refused[driver] += 1
                 limit = self.limits.filtered_reads_per_driver
-                raise Refusal(
-                    429,
+                raise self._over(
+                    driver,
                     f"driver has {limit} filtered reads in progress, its budget",
                     f'too many requests: driver "{driver}" waited '
                     f"{self.limits.upstream_wait:g} seconds behind its own {limit} filtered "
                     f"lists or watch primes; retry later",
-                    retry_after=_RETRY_AFTER,
                 ) from None
             try:
                 yield
@@ -86,16 +84,14 @@ class DriverBudgets:
             async with asyncio.timeout(self.limits.upstream_wait):
                 await budget.take(size)
         except TimeoutError:
-            self.refused[driver] += 1
             rate = self.limits.body_kib_per_driver
-            raise Refusal(
-                429,
+            raise self._over(
+                driver,
                 f"driver sent {rate} KiB of request bodies a second, its budget",
                 f'too many requests: driver "{driver}" sends request bodies faster than the '
                 f"{rate} KiB a second the gatekeeper allows one driver (after a burst); "
                 f"this {size}-byte body waited {self.limits.upstream_wait:g} seconds for its "
                 "turn; retry later",
-                retry_after=_RETRY_AFTER,
             ) from None
         finally:
             budget.users -= 1
@@ -106,6 +102,11 @@ class DriverBudgets:
         """Count ``size`` bytes read without a declared length (a chunked body) against
         ``driver``'s body budget: its next bodies wait for them."""
         self._body_budget(driver).charge(size)
+
+    def _over(self, driver: str, reason: str, message: str) -> Refusal:
+        """The 429 of ``driver`` over one of its budgets, counted (the metrics endpoint)."""
+        self.refused[driver] += 1
+        return Refusal(429, reason, message, retry_after=_RETRY_AFTER)
 
     def _body_budget(self, driver: str) -> _BodyBudget:
         budget = self._bodies.get(driver)
@@ -119,14 +120,12 @@ class DriverBudgets:
         counts = self.watches if watch else self.inflight
         limit = self.limits.watches_per_driver if watch else self.limits.inflight_per_driver
         if counts[driver] >= limit:
-            self.refused[driver] += 1
             what = "open watches" if watch else "requests in flight"
-            raise Refusal(
-                429,
+            raise self._over(
+                driver,
                 f"driver has {limit} {what}, its budget",
                 f'too many requests: driver "{driver}" has {counts[driver]} {what}, the most '
                 f"the gatekeeper allows one driver; retry later",
-                retry_after=_RETRY_AFTER,
             )
         counts[driver] += 1
         try:
