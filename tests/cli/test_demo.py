@@ -277,13 +277,12 @@ async def test_a_dir_too_long_for_the_drivers_socket_is_refused_in_one_line(
 async def test_a_relative_dir_gives_a_kubeconfig_that_works_from_anywhere(
     short_dir: Path,
 ) -> None:
-    tmp_path = short_dir
-    process, lines = await _start_demo("--dir", "rel", "--change-every", "0", cwd=tmp_path)
+    process, lines = await _start_demo("--dir", "rel", "--change-every", "0", cwd=short_dir)
     await _stop(process)
     kubeconfig = next(line.split("=", 1)[1] for line in lines if line.startswith("KUBECONFIG="))
-    assert kubeconfig == str(tmp_path / "rel" / "gpu.example.com.kubeconfig")
+    assert kubeconfig == str(short_dir / "rel" / "gpu.example.com.kubeconfig")
     user = yaml.safe_load(Path(kubeconfig).read_text())["users"][0]["user"]
-    assert user["client-certificate"] == str(tmp_path / "rel" / "gpu.example.com.crt")
+    assert user["client-certificate"] == str(short_dir / "rel" / "gpu.example.com.crt")
 
 
 @pytest.mark.kubectl
